@@ -1,0 +1,1 @@
+"""Triton kernels. Only Triton code lives here; the ops that call them are in plugins/."""

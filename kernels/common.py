@@ -1,0 +1,31 @@
+"""Helpers shared by our Triton kernels.
+
+INTERPRET: True under TRITON_INTERPRET=1 (CPU tensors). Pass it as the `UPCAST_DOT` constexpr of any kernel that
+calls tl.dot: triton 3.9's interpreter multiplies the raw bit patterns of bf16 operands (triton issue #11584), so
+kernels upcast dot operands to fp32 when interpreting, and keep bf16 operands on the GPU.
+"""
+
+import os
+
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(int(n))
+
+
+def row_block(n_cols: int, budget: int = 4096) -> int:
+    """Rows per program for a row-wise kernel: fill `budget` elements. The interpreter runs one program at a
+    time in Python, so there fewer, larger programs are faster."""
+    budget = 1 << 16 if INTERPRET else budget
+    return max(1, min(1024, budget // max(1, next_pow2(n_cols))))
+
+
+@triton.jit
+def softplus(x):
+    """log(1 + exp(x)) = max(x, 0) + log(1 + exp(-|x|)); equals x beyond 20 like torch's threshold."""
+    sp = tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+    return tl.where(x > 20.0, x, sp)

@@ -1,0 +1,1 @@
+"""Triton kernels for the KDA ops, one module per algorithm stage."""

@@ -1,0 +1,1 @@
+"""KDA (Kimi Delta Attention) ops, one module each."""

@@ -1,0 +1,291 @@
+"""The plugin API: an `Op` (axes, inputs, reference, cost model, tolerances) and its `Backend`s.
+
+An op module builds one `Op` at module level and attaches backends with the `@op.backend(...)` decorator.
+A third party adds backends to an op it does not own with `Extension("kda.gate")` and the same decorator.
+The registry collects every module-level `Op` and `Extension` of each `spark_bench.plugins` entry point.
+See docs/plugins.md for a worked example.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from spark_bench.dtypes import canonical_dtype
+
+Params = dict[str, Any]
+
+# Axis names shared by every op, so one `--set` means the same thing everywhere.
+SHARED_AXES = {
+    "batch": "sequences in the batch",
+    "seq_len": "tokens per sequence",
+    "varlen": "named pattern of sequence lengths",
+    "heads": "attention heads on this GPU (after tensor-parallel slicing)",
+    "head_dim": "head dimension where K = V",
+    "head_dim_k": "key/query head dimension",
+    "head_dim_v": "value head dimension",
+    "tokens": "tokens in the batch (T)",
+    "hidden": "model width (D)",
+    "experts": "routed experts (E)",
+    "topk": "experts per token (K)",
+    "inter": "expert width (I), after tensor-parallel slicing",
+    "groups": "router groups",
+    "rows": "matrix rows",
+    "cols": "matrix columns",
+    "format": "weight format",
+    "routing": "routing distribution",
+    "dtype": "activation dtype",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Axis:
+    """One parameter axis. `values` is the full (GPU) sweep, `quick` the `--quick`/CPU sweep."""
+
+    name: str
+    values: Sequence[Any]
+    quick: Sequence[Any] | None = None
+    doc: str = ""
+
+    def sweep(self, quick: bool) -> list[Any]:
+        return list(self.quick if quick and self.quick is not None else self.values)
+
+    def parse(self, text: str) -> Any:
+        """Convert one command-line value to this axis's type, judged by its declared values."""
+        sample = next(iter(self.values), None)
+        if isinstance(sample, bool):
+            if text.lower() in ("1", "true", "yes"):
+                return True
+            if text.lower() in ("0", "false", "no"):
+                return False
+            raise ValueError(f"axis {self.name!r} takes true/false, not {text!r}")
+        if isinstance(sample, int):
+            try:
+                return int(text)
+            except ValueError:
+                raise ValueError(f"axis {self.name!r} takes integers, not {text!r}") from None
+        if isinstance(sample, float):
+            try:
+                return float(text)
+            except ValueError:
+                raise ValueError(f"axis {self.name!r} takes numbers, not {text!r}") from None
+        return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """Pass criteria: error ratio RMS(out - ref) / RMS(ref), and optionally max |out - ref|."""
+
+    err_ratio: float
+    max_abs: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """The op's cost model at one parameter point: FLOPs and the minimum bytes moved (each input read once,
+    each output written once). `tokens` is used for per-token energy where the op has tokens."""
+
+    flops: float
+    bytes: float
+    tokens: int | None = None
+
+
+Probe = Callable[[str], "str | None"]
+
+
+@dataclasses.dataclass
+class Backend:
+    """One implementation of an op.
+
+    fn: called as fn(**inputs) and returns the op's outputs (a tensor, a tuple, or a dict of tensors).
+    probe: probe(device) returns None when the backend can run on that device, else the reason ("needs CUDA").
+    setup: setup(fn, inputs) -> callable, one-off work kept out of the timings (compile, autotune); it returns
+        the callable that is then checked and timed.
+    labels: shown beside every number of this backend (e.g. "interpreted"); may be a callable(device) -> labels.
+    default: False for backends that run only when asked by name (the fp32 `reference`).
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    probe: Probe | None = None
+    setup: Callable[[Callable[..., Any], dict[str, Any]], Callable[..., Any]] | None = None
+    labels: Sequence[str] | Callable[[str], Sequence[str]] = ()
+    default: bool = True
+    doc: str = ""
+
+    def unavailable(self, device: str) -> str | None:
+        """Why this backend cannot run on `device`, or None when it can."""
+        if self.probe is None:
+            return None
+        try:
+            return self.probe(device)
+        except Exception as exc:  # a probe must never take the registry down
+            return f"probe failed: {type(exc).__name__}: {exc}"
+
+    def labels_for(self, device: str) -> list[str]:
+        labels = self.labels(device) if callable(self.labels) else self.labels
+        return list(labels)
+
+
+class _BackendHost:
+    """Shared `@x.backend(...)` decorator of ops and extensions."""
+
+    backends: dict[str, Backend]
+    name: str
+
+    def backend(
+        self,
+        name: str,
+        *,
+        probe: Probe | None = None,
+        setup: Callable[..., Callable[..., Any]] | None = None,
+        labels: Sequence[str] | Callable[[str], Sequence[str]] = (),
+        default: bool = True,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.add_backend(
+                Backend(name, fn, probe=probe, setup=setup, labels=labels, default=default, doc=(fn.__doc__ or ""))
+            )
+            return fn
+
+        return register
+
+    def add_backend(self, backend: Backend) -> Backend:
+        if backend.name in self.backends:
+            raise ValueError(f"{self.name}: backend {backend.name!r} is registered twice")
+        self.backends[backend.name] = backend
+        return backend
+
+
+@dataclasses.dataclass(eq=False)
+class Op(_BackendHost):
+    """An op: what it computes (reference), on what inputs (axes, factory), at what cost, to what tolerance.
+
+    make_inputs(params, device=, dtype=, seed=) -> dict of keyword arguments for the backends. Inputs are random
+        with realistic distributions, never zeros.
+    reference(**inputs) -> outputs in fp32/fp64, our own exact code.
+    cost(params, dtype) -> Cost.
+    tolerance: dtype name -> Tolerance for the error ratio against the reference.
+    constraints: functions params -> reason string when the point is invalid (skipped from sweeps), else None.
+    presets: name -> {axis: [values]} (model shapes, tensor-parallel slicing).
+    dtypes / quick_dtypes: the dtype sweep (dtype is an axis too: `--dtype` or `--set dtype=`).
+    compare(out, ref, inputs, dtype) -> (metrics, ok, message): replaces the default element-wise check where
+        outputs need op-specific matching (e.g. router ids as sets).
+    outputs(returned, inputs) -> tuple of tensors to check, when a backend's return value is not all of them
+        (e.g. a state pool updated in place).
+    extra_info(inputs, params) -> dict stored with every result of a case (e.g. realised expert load).
+    rotate: input names redrawn between timed calls (from `input_sets` draws of the factory).
+    """
+
+    name: str
+    make_inputs_fn: Callable[..., dict[str, Any]]
+    reference: Callable[..., Any]
+    cost: Callable[[Params, str], Cost]
+    axes: Sequence[Axis]
+    tolerance: Mapping[str, Tolerance]
+    dtypes: Sequence[str] = ("bf16",)
+    quick_dtypes: Sequence[str] | None = None
+    presets: Mapping[str, Mapping[str, Sequence[Any]]] = dataclasses.field(default_factory=dict)
+    constraints: Sequence[Callable[[Params], str | None]] = ()
+    compare: Callable[..., tuple[dict[str, Any], bool, str]] | None = None
+    outputs: Callable[[Any, dict[str, Any]], Any] | None = None
+    extra_info: Callable[[dict[str, Any], Params], dict[str, Any]] | None = None
+    rotate: Sequence[str] = ()
+    doc: str = ""
+    backends: dict[str, Backend] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if "." not in self.name:
+            raise ValueError(f"op name {self.name!r} must be dotted, like 'kda.gate'")
+        self.dtypes = [canonical_dtype(d) for d in self.dtypes]
+        self.quick_dtypes = [canonical_dtype(d) for d in (self.quick_dtypes or self.dtypes[:1])]
+        self.tolerance = {canonical_dtype(k): v for k, v in self.tolerance.items()}
+        names = [a.name for a in self.axes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.name}: duplicate axis names {names}")
+        for preset, values in self.presets.items():
+            unknown = set(values) - set(names) - {"dtype"}
+            if unknown:
+                raise ValueError(f"{self.name}: preset {preset!r} names unknown axes {sorted(unknown)}")
+        self.add_backend(Backend("reference", self.reference, default=False, labels=("fp32-reference",)))
+
+    # --- public API -------------------------------------------------------------------------------------------
+    @property
+    def family(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    def axis(self, name: str) -> Axis:
+        for axis in self.axes:
+            if axis.name == name:
+                return axis
+        raise KeyError(name)
+
+    @property
+    def axis_names(self) -> list[str]:
+        return [a.name for a in self.axes]
+
+    def default_params(self) -> Params:
+        """The first value of every axis' quick sweep: a small, valid point for tests and examples."""
+        return {a.name: a.sweep(quick=True)[0] for a in self.axes}
+
+    def make_inputs(self, params: Params | None = None, *, device: str = "cpu", dtype: str = "bf16",
+                    seed: int = 0) -> dict[str, Any]:
+        """Seeded inputs for one point; missing axes take their default (see `default_params`)."""
+        full = {**self.default_params(), **(params or {})}
+        return self.make_inputs_fn(full, device=device, dtype=canonical_dtype(dtype), seed=seed)
+
+    def tolerance_for(self, dtype: str) -> Tolerance:
+        dtype = canonical_dtype(dtype)
+        if dtype not in self.tolerance:
+            raise KeyError(f"{self.name}: no tolerance declared for dtype {dtype}")
+        return self.tolerance[dtype]
+
+    def invalid_reason(self, params: Params) -> str | None:
+        for rule in self.constraints:
+            reason = rule(params)
+            if reason:
+                return reason
+        return None
+
+    def points(self, overrides: Mapping[str, Sequence[Any]] | None = None, *, quick: bool = False,
+               preset: str | None = None) -> list[Params]:
+        """The cartesian product of the axes (preset, then overrides, replace an axis' values), minus points
+        that a constraint rejects."""
+        values = {a.name: a.sweep(quick) for a in self.axes}
+        if preset is not None:
+            if preset not in self.presets:
+                raise KeyError(preset)
+            values.update({k: list(v) for k, v in self.presets[preset].items() if k != "dtype"})
+        for name, vals in (overrides or {}).items():
+            if name in values:
+                values[name] = list(vals)
+        names = list(values)
+        points = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(values[n] for n in names))]
+        return [p for p in points if self.invalid_reason(p) is None]
+
+    def sweep_dtypes(self, *, quick: bool, preset: str | None = None) -> list[str]:
+        if preset is not None and "dtype" in self.presets.get(preset, {}):
+            return [canonical_dtype(d) for d in self.presets[preset]["dtype"]]
+        return list(self.quick_dtypes if quick else self.dtypes)
+
+
+@dataclasses.dataclass(eq=False)
+class Extension(_BackendHost):
+    """Backends that a plugin adds to an op registered elsewhere: `ext = Extension("kda.gate")`, then
+    `@ext.backend("mine")`."""
+
+    name: str
+    backends: dict[str, Backend] = dataclasses.field(default_factory=dict)
+
+
+def collect(objects: Iterable[Any]) -> tuple[list[Op], list[Extension]]:
+    """The ops and extensions among a plugin module's attributes (or an iterable an entry point returned)."""
+    ops, extensions = [], []
+    for obj in objects:
+        if isinstance(obj, Op):
+            ops.append(obj)
+        elif isinstance(obj, Extension):
+            extensions.append(obj)
+    return ops, extensions
