@@ -105,6 +105,9 @@ class Backend:
         the callable that is then checked and timed.
     labels: shown beside every number of this backend (e.g. "interpreted"); may be a callable(device) -> labels.
     default: False for backends that run only when asked by name (the fp32 `reference`).
+    stages: stages(inputs) -> [(stage_name, zero-arg callable), ...] for composite ops (a whole block or layer):
+        each callable runs one stage on precomputed intermediates; the runner times each one like the case itself
+        and stores the per-stage breakdown with the result.
     """
 
     name: str
@@ -114,6 +117,7 @@ class Backend:
     labels: Sequence[str] | Callable[[str], Sequence[str]] = ()
     default: bool = True
     doc: str = ""
+    stages: Callable[[dict[str, Any]], list[tuple[str, Callable[[], Any]]]] | None = None
 
     def unavailable(self, device: str) -> str | None:
         """Why this backend cannot run on `device`, or None when it can."""
@@ -143,10 +147,12 @@ class _BackendHost:
         setup: Callable[..., Callable[..., Any]] | None = None,
         labels: Sequence[str] | Callable[[str], Sequence[str]] = (),
         default: bool = True,
+        stages: Callable[[dict[str, Any]], list[tuple[str, Callable[[], Any]]]] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.add_backend(
-                Backend(name, fn, probe=probe, setup=setup, labels=labels, default=default, doc=(fn.__doc__ or ""))
+                Backend(name, fn, probe=probe, setup=setup, labels=labels, default=default,
+                        doc=(fn.__doc__ or ""), stages=stages)
             )
             return fn
 

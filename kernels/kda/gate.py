@@ -7,7 +7,6 @@ highest-risk bug of the KDA block (kda.md, pitfall 1). One program handles BT to
 import torch
 import triton
 import triton.language as tl
-
 from spark_bench.kernels.common import next_pow2, row_block, softplus
 
 

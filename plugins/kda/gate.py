@@ -9,9 +9,9 @@ Cost: ~5 FLOPs per element; bytes = g in + fp32 g out + A_log + dt_bias.
 
 import torch
 import torch.nn.functional as F
-
 from spark_bench.plugins.kda import weights
 from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
+
 from spark_bench import Axis, Cost, Op, Tolerance, probes
 from spark_bench.compiled import add_torch_compile
 from spark_bench.inputs import generator, randn
