@@ -71,6 +71,9 @@ class Axis:
                 return float(text)
             except ValueError:
                 raise ValueError(f"axis {self.name!r} takes numbers, not {text!r}") from None
+        known = list(dict.fromkeys([*self.values, *(self.quick or [])]))
+        if known and text not in known:
+            raise ValueError(f"axis {self.name!r} has no value {text!r}; choose from {', '.join(map(str, known))}")
         return text
 
 
@@ -181,6 +184,7 @@ class Op(_BackendHost):
         outputs need op-specific matching (e.g. router ids as sets).
     outputs(returned, inputs) -> tuple of tensors to check, when a backend's return value is not all of them
         (e.g. a state pool updated in place).
+    outputs is applied to the reference's result (with its own inputs) as well.
     extra_info(inputs, params) -> dict stored with every result of a case (e.g. realised expert load).
     rotate: input names redrawn between timed calls (from `input_sets` draws of the factory).
     """

@@ -1,0 +1,196 @@
+"""The `spark-bench` command line (click). Usage errors print one line and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from spark_bench import results, triton_env
+from spark_bench.console import console, failures_table, results_table, summary_line
+from spark_bench.sweep import SweepSpec, UsageError, parse_set
+from spark_bench.timing import TimingConfig
+
+RESULTS_ROOT = Path("results")
+
+
+def _fail_usage(message: str) -> None:
+    click.echo(f"spark-bench: error: {message}", err=True)
+    sys.exit(2)
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(device: str) -> str:
+    if device == "cpu":
+        return device
+    if not device.startswith("cuda"):
+        raise UsageError(f"unknown device {device!r}; choose from cpu, cuda, cuda:N")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"device {device!r} is not available here (torch.cuda.is_available() is False); "
+                         "use --device cpu")
+    index = device.partition(":")[2]
+    if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+        raise UsageError(f"device {device!r} does not exist; this machine has cuda:0..{torch.cuda.device_count() - 1}")
+    return device
+
+
+class SparkGroup(click.Group):
+    """Turns click's usage errors and our UsageError / ResultsError into one line on stderr and exit code 2."""
+
+    def main(self, *args, **kwargs):  # type: ignore[override]
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+            sys.exit(0)
+        except click.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+            _fail_usage(f"{exc.format_message()}{hint}")
+        except (UsageError, results.ResultsError) as exc:
+            _fail_usage(str(exc))
+        except click.exceptions.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(130)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=SparkGroup)
+@click.version_option(package_name="spark-bench")
+def main() -> None:
+    """Benchmark KDA and MoE kernels: every backend checked against the reference, then timed."""
+
+
+@main.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--device", default=None, help="Judge availability on this device (default: cuda if present, else cpu).")
+def list_cmd(as_json: bool, device: str | None) -> None:
+    """Ops, their axes and backends, and why a backend is unavailable."""
+    from spark_bench.registry import registry
+
+    device = device or default_device()
+    triton_env.configure(device)
+    reg = registry()
+    data = {
+        "device": device,
+        "ops": {name: {"axes": {a.name: list(a.values) for a in op.axes}, "dtypes": list(op.dtypes),
+                       "presets": sorted(op.presets),
+                       "backends": {b.name: {"available": b.unavailable(device) is None,
+                                             "reason": b.unavailable(device), "labels": b.labels_for(device),
+                                             "default": b.default}
+                                    for b in op.backends.values()}}
+                for name, op in sorted(reg.ops.items())},
+        "load_errors": [{"source": e.source, "message": e.message} for e in reg.errors],
+    }
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    out = console()
+    for name, info in data["ops"].items():
+        axes = ", ".join(f"{a}={'/'.join(map(str, v[:6]))}{'…' if len(v) > 6 else ''}" for a, v in info["axes"].items())
+        out.print(f"[bold]{name}[/]  dtypes {'/'.join(info['dtypes'])}  axes {axes}", markup=True)
+        for bname, b in info["backends"].items():
+            mark = "[green]available[/]" if b["available"] else f"[yellow]unavailable[/]: {b['reason']}"
+            extra = (" [" + ", ".join(b["labels"]) + "]") if b["labels"] else ""
+            extra += "" if b["default"] else " (only when asked: --backend " + bname + ")"
+            out.print(f"    {bname:16s} {mark}{extra}")
+    for err in data["load_errors"]:
+        out.print(f"[red]plugin {err['source']} failed to load[/]: {err['message']}")
+
+
+@main.command("env")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--device", default=None, help="Device to describe (default: cuda if present, else cpu).")
+def env_cmd(as_json: bool, device: str | None) -> None:
+    """The environment fingerprint stored with every run."""
+    from spark_bench.fingerprint import fingerprint
+
+    fp = fingerprint(check_device(device or default_device()))
+    if as_json:
+        click.echo(json.dumps(fp, indent=2))
+        return
+    for key, value in fp.items():
+        click.echo(f"{key:15s} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+
+
+def _timing_config(device: str, quick: bool, max_time: float | None, min_samples: int | None,
+                   target_ci: float | None, no_flush: bool, timer: str) -> TimingConfig:
+    if quick:
+        cfg = TimingConfig.quick()
+    elif device.startswith("cpu"):
+        cfg = TimingConfig(warmup_s=0.05, min_samples=5, min_time_s=0.05, max_time_s=1.0, target_rel_ci=0.02)
+    else:
+        cfg = TimingConfig()
+    changes = {k: v for k, v in {"max_time_s": max_time, "min_samples": min_samples, "target_rel_ci": target_ci}.items()
+               if v is not None}
+    if no_flush:
+        changes["flush"] = False
+    changes["mode"] = timer
+    return TimingConfig(**{**cfg.to_dict(), **changes})
+
+
+@main.command("run")
+@click.option("--op", "ops", multiple=True, help="Op name or glob (repeatable), e.g. 'kda.*'. Default: all ops.")
+@click.option("--backend", "backends", multiple=True, help="Backend name (repeatable). Default: every default one.")
+@click.option("--preset", default=None, help="Named model shape set, e.g. kimi-linear.")
+@click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Sweep these values of an axis.")
+@click.option("--dtype", "dtypes", multiple=True, help="bf16, fp16, fp32 (repeatable or comma-separated).")
+@click.option("--device", default=None, help="cpu or cuda[:N] (default: cuda if present, else cpu).")
+@click.option("--quick", is_flag=True, help="Small shapes and a short timing budget: every op in minutes.")
+@click.option("--full", is_flag=True, help="On CPU, sweep the full (GPU) shapes instead of the quick ones.")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Run directory (default results/<id>).")
+@click.option("--resume", type=click.Path(path_type=Path), default=None, help="Finish an interrupted run in DIR.")
+@click.option("--timeout", type=float, default=None, help="Seconds a case may spend in one phase before it is killed.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of every input factory.")
+@click.option("--max-time", type=float, default=None, help="Timing budget per case, seconds.")
+@click.option("--min-samples", type=int, default=None, help="Minimum timed samples per case.")
+@click.option("--target-ci", type=float, default=None, help="Stop when the median's 95%% CI is within this fraction.")
+@click.option("--no-flush", is_flag=True, help="Do not flush the cache before each timed call (warm-cache numbers).")
+@click.option("--timer", type=click.Choice(["auto", "events", "graph"]), default="auto", show_default=True,
+              help="CUDA timer; CPU devices always use the host clock.")
+@click.option("--no-report", is_flag=True, help="Do not write the HTML report at the end.")
+def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resume, timeout, seed, max_time,
+            min_samples, target_ci, no_flush, timer, no_report) -> None:
+    """Sweep ops x backends x shapes x dtypes: check each case against the reference, then time it."""
+    from spark_bench.session import Session
+
+    if resume is not None:
+        session = Session.resume(resume)
+    else:
+        device = check_device(device or default_device())
+        overrides: dict[str, list[str]] = {}
+        for text in sets:
+            axis, values = parse_set(text)
+            overrides.setdefault(axis, []).extend(values)
+        spec = SweepSpec(ops=list(ops), backends=list(backends), preset=preset, overrides=overrides,
+                         dtypes=[d for text in dtypes for d in text.split(",") if d], device=device,
+                         quick=quick or (device == "cpu" and not full), seed=seed)
+        cfg = _timing_config(device, quick, max_time, min_samples, target_ci, no_flush, timer)
+        session = Session.create(spec, cfg, out, timeout, command=sys.argv, results_root=RESULTS_ROOT)
+    sys.exit(session.execute(report=not no_report))
+
+
+@main.command("show")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--failed", is_flag=True, help="Only the cases that did not pass.")
+def show_cmd(run_dir: Path, failed: bool) -> None:
+    """The table of a stored run."""
+    run, records = results.load_run(run_dir)
+    if failed:
+        records = [r for r in records if r["status"] != "ok"]
+    out = console()
+    dev = run.get("fingerprint", {}).get("device", {})
+    out.print(results_table(records, title=f"{run.get('run_id')} on {dev.get('name', '?')} ({dev.get('type', '?')})"))
+    fails = failures_table(records)
+    if fails is not None:
+        out.print(fails)
+    out.print(summary_line(results.summarize_statuses(records)))

@@ -1,0 +1,123 @@
+"""Terminal output: the progress display of a sweep and the tables of results (rich)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from spark_bench.results import FAILED
+
+STATUS_STYLE = {"ok": "green", "mismatch": "bold red", "error": "red", "crash": "bold red", "timeout": "red",
+                "oom": "red", "skipped": "dim"}
+
+
+def console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+
+
+def fmt_params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def fmt_num(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    return f"{value:.{digits}g}" if abs(value) < 1e5 else f"{value:.3e}"
+
+
+def latency_cell(rec: dict[str, Any]) -> str:
+    t = rec.get("timing")
+    if not t:
+        return "-"
+    spread = f" ±{100 * t['rel_ci']:.1f}%" if t.get("rel_ci") is not None else ""
+    return f"{fmt_num(t['median'], 4)}{spread}"
+
+
+def results_table(records: Sequence[dict[str, Any]], title: str = "", limit: int = 400) -> Table:
+    table = Table(title=title or None, show_lines=False, header_style="bold")
+    for col, justify in [("op", "left"), ("backend", "left"), ("params", "left"), ("dtype", "left"),
+                         ("status", "left"), ("median µs", "right"), ("GB/s", "right"), ("TFLOP/s", "right"),
+                         ("err ratio", "right"), ("timer / labels", "left")]:
+        table.add_column(col, justify=justify, overflow="fold")
+    shown = sorted((r for r in records if r["status"] != "skipped"),  # skipped ones are listed under "Not measured"
+                   key=lambda r: (r["op"], r["dtype"], [str(v).zfill(12) for v in r["params"].values()], r["backend"]))
+    for rec in shown[:limit]:
+        status = rec["status"]
+        check = rec.get("check") or {}
+        timer = (rec.get("timing") or {}).get("timer", "")
+        labels = ", ".join([timer, *rec.get("labels", [])]).strip(", ")
+        table.add_row(rec["op"], rec["backend"], fmt_params(rec["params"]), rec["dtype"],
+                      f"[{STATUS_STYLE.get(status, '')}]{status}[/]", latency_cell(rec), fmt_num(rec.get("gbps")),
+                      fmt_num(rec.get("tflops")), fmt_num(check.get("err_ratio"), 2), labels)
+    if len(shown) > limit:
+        table.caption = f"{len(shown) - limit} more cases not shown (see the HTML report)"
+    return table
+
+
+def failures_table(records: Sequence[dict[str, Any]]) -> Table | None:
+    failed = [r for r in records if r["status"] in FAILED or r["status"] == "skipped"]
+    if not failed:
+        return None
+    table = Table(title="Not measured", header_style="bold")
+    for col in ("status", "case", "reason"):
+        table.add_column(col, overflow="fold")
+    for rec in failed:
+        reason = (rec.get("error") or "").splitlines()[0][:300] if rec.get("error") else ""
+        table.add_row(f"[{STATUS_STYLE.get(rec['status'], '')}]{rec['status']}[/]",
+                      f"{rec['op']} {rec['backend']} {fmt_params(rec['params'])} {rec['dtype']}", reason)
+    return table
+
+
+def summary_line(summary: dict[str, int]) -> str:
+    parts = [f"{summary['cases']} cases"] + [f"{n} {s}" for s, n in summary.items() if s != "cases" and n]
+    return ", ".join(parts)
+
+
+class SweepProgress:
+    """A rich progress bar with the current case, its phase and an ETA on a terminal; one line per finished case
+    otherwise (CI logs)."""
+
+    def __init__(self, total: int, out: Console) -> None:
+        self.out, self.total, self.done = out, total, 0
+        self.live = out.is_terminal
+        self.started = time.monotonic()
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=out,
+                                 transient=True) if self.live else None
+        self.task = self.progress.add_task("starting", total=total) if self.progress else None
+
+    def __enter__(self) -> SweepProgress:
+        if self.progress:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress:
+            self.progress.stop()
+
+    def phase(self, case, phase: str) -> None:
+        if self.progress:
+            text = f"{case.op} [bold]{case.backend}[/] {fmt_params(case.params)} {case.dtype}: {phase}"
+            self.progress.update(self.task, description=text[:100])
+
+    def result(self, case, record: dict[str, Any]) -> None:
+        self.done += 1
+        if self.progress:
+            self.progress.update(self.task, completed=self.done)
+            if record["status"] in FAILED:
+                self.out.print(f"[{STATUS_STYLE[record['status']]}]{record['status']}[/] {case.op} {case.backend} "
+                               f"{fmt_params(case.params)} {case.dtype}: {(record.get('error') or '')[:160]}")
+            return
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / self.done * (self.total - self.done)
+        self.out.print(f"[{self.done}/{self.total} {elapsed:.0f}s eta {eta:.0f}s] {record['status']:8s} "
+                       f"{case.op} {case.backend} {fmt_params(case.params)} {case.dtype} {latency_cell(record)} us",
+                       markup=False)

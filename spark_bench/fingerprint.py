@@ -1,0 +1,97 @@
+"""The environment fingerprint stored with every run: device, driver/CUDA, library versions, CPU, host, git commit.
+
+`fingerprint_id` hashes only what identifies the measuring hardware and software stack (device name, memory, SM count,
+driver, CUDA, torch, triton), so runs are compared only with runs of the same fingerprint unless the user insists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PEERS = ("torch", "triton", "fla-core", "gguf", "vllm", "numpy", "nvidia-ml-py", "plotly", "spark-bench")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_info() -> dict[str, Any]:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"model": model, "cores": os.cpu_count(), "arch": platform.machine()}
+
+
+def _driver_version() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+            return version.decode() if isinstance(version, bytes) else version
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
+
+
+def device_info(device: str) -> dict[str, Any]:
+    if not device.startswith("cuda"):
+        info = cpu_info()
+        return {"type": "cpu", "name": info["model"], "cores": info["cores"]}
+    dev = torch.device(device)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    return {
+        "type": "cuda", "index": index, "name": props.name, "capability": f"{props.major}.{props.minor}",
+        "memory_bytes": int(props.total_memory), "sm_count": int(props.multi_processor_count),
+        "l2_bytes": int(getattr(props, "L2_cache_size", 0) or 0), "cuda": torch.version.cuda,
+        "driver": _driver_version(),
+    }
+
+
+def git_info() -> dict[str, Any]:
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def fingerprint(device: str) -> dict[str, Any]:
+    dev = device_info(device)
+    versions = {d: _version(d) for d in PEERS}
+    ident = {k: dev.get(k) for k in ("type", "name", "memory_bytes", "sm_count", "capability", "driver", "cuda")}
+    ident.update(torch=versions["torch"], triton=versions["triton"])
+    return {
+        "device": dev, "cpu": cpu_info(), "host": socket.gethostname(), "os": platform.platform(),
+        "python": platform.python_version(), "versions": versions, "git": git_info(),
+        "env": {k: os.environ[k] for k in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES") if k in os.environ},
+        "fingerprint_id": hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16],
+    }

@@ -1,0 +1,31 @@
+"""HTML reports of result runs and the two-run comparison (docs/report.md).
+
+    write_report(run_dirs, out_path, baseline="torch") -> Path   one self-contained offline HTML file
+    compare_runs(base, new, threshold, metric) -> [CaseDiff]      matched cases with robust verdicts
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from spark_bench.report.compare import CaseDiff, CompareError, compare_runs
+from spark_bench.report.model import ResultsError, RunData, load_runs
+
+__all__ = ["CaseDiff", "CompareError", "ResultsError", "RunData", "compare_runs", "load_runs", "write_report"]
+
+
+def write_report(run_dirs: Iterable[str | Path], out_path: str | Path, baseline: str = "torch") -> Path:
+    """Render the runs (the first is the base of any comparison) into one offline HTML file; returns its path.
+    Raises ResultsError (one line) for a missing or malformed run directory."""
+    from spark_bench.report.html import render
+
+    runs = load_runs(run_dirs)
+    if not runs:
+        raise ResultsError("no run directory given")
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(render(runs, baseline), encoding="utf-8")
+    tmp.replace(out)
+    return out

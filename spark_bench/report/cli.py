@@ -1,0 +1,82 @@
+"""The `report` and `compare` commands (the lead's `spark-bench` group adds them)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from spark_bench.report import write_report
+from spark_bench.report.compare import (
+    METRICS,
+    CompareError,
+    check_same_device,
+    compare_runs,
+    parse_threshold,
+    print_table,
+)
+from spark_bench.report.model import ResultsError, load_runs
+
+
+def _fail(command: str, message: str) -> None:
+    """A usage error: one line on stderr, exit status 2, no traceback."""
+    click.echo(f"spark-bench {command}: error: {' '.join(str(message).split())}", err=True)
+    sys.exit(2)
+
+
+@click.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report.html"), show_default=True,
+              help="HTML file to write.")
+@click.option("--baseline", default="torch", show_default=True, help="Backend the speedups are relative to.")
+def report(run_dirs: tuple[Path, ...], output: Path, baseline: str) -> None:
+    """Write one self-contained, offline HTML report of RUN_DIR... (two or more runs are compared to the first)."""
+    try:
+        path = write_report(run_dirs, output, baseline=baseline)
+    except (ResultsError, OSError) as exc:
+        _fail("report", str(exc))
+    click.echo(str(path))
+
+
+@click.command()
+@click.argument("base_run", type=click.Path(path_type=Path))
+@click.argument("new_run", type=click.Path(path_type=Path))
+@click.option("--threshold", default="5%", show_default=True,
+              help="Smallest change that counts (e.g. 5%, 0.05); smaller significant shifts are 'same'.")
+@click.option("--metric", type=click.Choice(METRICS), default="median", show_default=True,
+              help="Timing statistic the ratio is taken of (the test always uses the raw samples).")
+@click.option("--allow-different-device", is_flag=True, help="Compare runs of different device fingerprints.")
+@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,
+              help="Also write the comparison as an HTML report.")
+@click.option("--all", "show_all", is_flag=True, help="List unchanged ('same') cases too.")
+def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_different_device: bool,
+            html_out: Path | None, show_all: bool) -> None:
+    """Compare NEW_RUN against BASE_RUN case by case. Exit 0: nothing regressed; 1: something got slower beyond the
+    threshold or stopped passing its check (listed); 2: usage error."""
+    from rich.console import Console
+
+    try:
+        thr = parse_threshold(threshold)
+        base, new = load_runs([base_run, new_run])
+        if not allow_different_device:
+            check_same_device(base, new)
+        diffs = compare_runs(base, new, thr, metric)
+    except (ResultsError, CompareError, OSError) as exc:
+        _fail("compare", str(exc))
+    console = Console(highlight=False)
+    print_table(console, diffs, metric, thr, base.label, new.label, show_all=show_all)
+    if html_out is not None:
+        try:
+            click.echo(f"report: {write_report([base_run, new_run], html_out)}")
+        except (ResultsError, OSError) as exc:
+            _fail("compare", str(exc))
+    regressed = [d for d in diffs if d.regressed]
+    if regressed:
+        click.echo(f"REGRESSED: {len(regressed)} case(s)", err=True)
+        for d in regressed:
+            v = d.verdict
+            what = f"{v.ratio:.3f}x time (p={v.p_value:.1g})" if v.verdict == "slower" else v.note
+            click.echo(f"  {d.op} {d.backend} {d.dtype} {' '.join(f'{k}={x}' for k, x in sorted(d.params.items()))}: "
+                       f"{v.verdict}, {what}", err=True)
+        sys.exit(1)

@@ -1,0 +1,222 @@
+"""Two runs side by side: match cases by (op, backend, params, dtype) and give each a robust verdict.
+
+A case is `slower`/`faster` only when BOTH hold: the raw samples differ (two-sided Mann-Whitney U, normal approximation
+with tie correction, p < alpha) AND the metric moved by more than the threshold. It is `same` when the change is below
+the threshold with confidence (the ratio's 95% CI lies inside ±threshold, or the shift is significant but small), and
+`noisy` when the samples cannot tell (the ratio's CI reaches past the threshold without a significant test).
+Correctness changes have their own verdicts: `broken` (ok before, failing now: a regression), `fixed`, `failing`,
+plus `missing` (only in the base run) and `new` (only in the new run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from spark_bench.report.model import RunData, match_key, number, params_text, timing
+from spark_bench.stats import median_ci
+
+ALPHA = 0.01
+METRICS = ("median", "mean", "min", "p10", "p90")
+REGRESSIONS = ("slower", "broken")
+VERDICT_STYLE = {"faster": "green", "slower": "bold red", "same": "dim", "noisy": "yellow", "broken": "bold red",
+                 "fixed": "green", "failing": "red", "missing": "magenta", "new": "cyan"}
+
+
+class CompareError(Exception):
+    """Runs that cannot be compared (different devices, bad threshold); the message is one line."""
+
+
+# --- statistics ------------------------------------------------------------------------------------------------------
+def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """Two-sided Mann-Whitney U test: (U of `a`, p) by the normal approximation with tie and continuity correction."""
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    n1, n2 = len(x), len(y)
+    if n1 == 0 or n2 == 0:
+        return math.nan, 1.0
+    both = np.concatenate([x, y])
+    order = np.argsort(both, kind="mergesort")
+    ranks = np.empty(len(both))
+    ranks[order] = np.arange(1, len(both) + 1, dtype=np.float64)
+    uniq, inverse, counts = np.unique(both, return_inverse=True, return_counts=True)
+    if len(uniq) < len(both):  # average the ranks of ties
+        sums = np.bincount(inverse, weights=ranks)
+        ranks = (sums / counts)[inverse]
+    u1 = float(ranks[:n1].sum() - n1 * (n1 + 1) / 2.0)
+    n = n1 + n2
+    tie_term = float((counts**3 - counts).sum()) / (n * (n - 1)) if n > 1 else 0.0
+    var = n1 * n2 / 12.0 * ((n + 1) - tie_term)
+    if var <= 0:
+        return u1, 1.0
+    z = (abs(u1 - n1 * n2 / 2.0) - 0.5) / math.sqrt(var)
+    return u1, float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2.0))))
+
+
+def rel_iqr(samples: Sequence[float]) -> float:
+    s = np.asarray(samples, dtype=np.float64)
+    med = float(np.median(s))
+    q1, q3 = np.percentile(s, [25, 75])
+    return float((q3 - q1) / med) if med > 0 else math.inf
+
+
+@dataclasses.dataclass
+class Verdict:
+    verdict: str
+    ratio: float | None = None  # new / base of the metric: > 1 is slower
+    ratio_lo: float | None = None
+    ratio_hi: float | None = None
+    p_value: float | None = None
+    note: str = ""
+
+
+def _log_halfwidth(lo: float, hi: float) -> float:
+    return (math.log(hi) - math.log(lo)) / 2.0 if lo > 0 and hi > 0 else math.inf
+
+
+def timing_verdict(base: dict[str, Any], new: dict[str, Any], threshold: float, metric: str = "median",
+                   alpha: float = ALPHA) -> Verdict:
+    """Verdict for two `timing` records, from their raw samples when stored (else their stored CIs)."""
+    b_val, n_val = number(base.get(metric)), number(new.get(metric))
+    if not b_val or n_val is None:
+        return Verdict("noisy", note=f"no {metric} recorded")
+    ratio = n_val / b_val
+    a, b = base.get("samples") or [], new.get("samples") or []
+    if len(a) >= 3 and len(b) >= 3:
+        _, p = mann_whitney(a, b)
+        ci_a, ci_b = median_ci(np.sort(np.asarray(a, float))), median_ci(np.sort(np.asarray(b, float)))
+        note = ""
+    else:  # no raw samples: the stored CIs are all we have, and non-overlap stands in for the test
+        ci_a = (number(base.get("ci_low")) or b_val, number(base.get("ci_high")) or b_val)
+        ci_b = (number(new.get("ci_low")) or n_val, number(new.get("ci_high")) or n_val)
+        p = 0.0 if (ci_b[0] > ci_a[1] or ci_b[1] < ci_a[0]) else 1.0
+        note = "no raw samples: stored CIs compared"
+    half = math.hypot(_log_halfwidth(*ci_a), _log_halfwidth(*ci_b))
+    lo, hi = (ratio * math.exp(-half), ratio * math.exp(half)) if math.isfinite(half) else (0.0, math.inf)
+    v = Verdict("noisy", ratio, lo, hi, p, note)
+    if p < alpha and abs(ratio - 1.0) > threshold:
+        v.verdict = "slower" if ratio > 1.0 else "faster"
+    elif p < alpha or (lo >= 1.0 - threshold and hi <= 1.0 + threshold):
+        v.verdict = "same"
+    else:
+        spread = max(rel_iqr(a), rel_iqr(b)) if len(a) >= 3 and len(b) >= 3 else math.nan
+        v.note = v.note or (f"ratio CI {lo:.3f}-{hi:.3f} reaches past ±{threshold:.0%}"
+                            + (f"; relative IQR up to {spread:.0%}" if math.isfinite(spread) else ""))
+    return v
+
+
+def case_verdict(base: dict[str, Any] | None, new: dict[str, Any] | None, threshold: float,
+                 metric: str = "median") -> Verdict:
+    if new is None:
+        return Verdict("missing", note="not in the new run")
+    if base is None:
+        return Verdict("new", note="not in the base run")
+    b_ok, n_ok = base.get("status") == "ok", new.get("status") == "ok"
+    if b_ok and not n_ok:
+        return Verdict("broken", note=f"ok -> {new.get('status')}: {new.get('error') or ''}".rstrip(": "))
+    if not b_ok and n_ok:
+        return Verdict("fixed", note=f"{base.get('status')} -> ok")
+    if not b_ok:
+        return Verdict("failing", note=f"{base.get('status')} -> {new.get('status')}")
+    tb, tn = timing(base), timing(new)
+    if tb is None or tn is None:
+        return Verdict("same", note="ok in both, not timed")
+    return timing_verdict(tb, tn, threshold, metric)
+
+
+# --- runs ------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class CaseDiff:
+    op: str
+    backend: str
+    params: dict[str, Any]
+    dtype: str
+    base: dict[str, Any] | None
+    new: dict[str, Any] | None
+    verdict: Verdict
+
+    @property
+    def regressed(self) -> bool:
+        return self.verdict.verdict in REGRESSIONS
+
+
+def parse_threshold(text: str | float) -> float:
+    """'5%', '0.05' and '5' all mean 5%."""
+    s = str(text).strip()
+    try:
+        v = float(s.rstrip("%"))
+    except ValueError:
+        raise CompareError(f"threshold {text!r} is not a number or a percentage") from None
+    v = v / 100.0 if s.endswith("%") or v >= 1.0 else v
+    if not 0.0 < v < 10.0:
+        raise CompareError(f"threshold {text!r} out of range")
+    return v
+
+
+def check_same_device(base: RunData, new: RunData) -> None:
+    a, b = base.fingerprint.get("fingerprint_id"), new.fingerprint.get("fingerprint_id")
+    if a != b:
+        raise CompareError(f"runs were measured on different device fingerprints ({base.device_name} [{a}] vs "
+                           f"{new.device_name} [{b}]); pass --allow-different-device to compare anyway")
+
+
+def compare_runs(base: RunData, new: RunData, threshold: float, metric: str = "median") -> list[CaseDiff]:
+    if metric not in METRICS:
+        raise CompareError(f"metric {metric!r} is not one of {', '.join(METRICS)}")
+    a = {match_key(r): r for r in base.results}
+    b = {match_key(r): r for r in new.results}
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        rb, rn = a.get(key), b.get(key)
+        some = rb or rn
+        if rb is not None and rn is not None and rb.get("status") == "skipped" and rn.get("status") == "skipped":
+            continue
+        diffs.append(CaseDiff(key[0], key[1], some.get("params") or {}, key[3], rb, rn,
+                              case_verdict(rb, rn, threshold, metric)))
+    return diffs
+
+
+def tally(diffs: Sequence[CaseDiff]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for d in diffs:
+        counts[d.verdict.verdict] = counts.get(d.verdict.verdict, 0) + 1
+    return counts
+
+
+def _metric_text(r: dict[str, Any] | None, metric: str) -> str:
+    t = timing(r) if r else None
+    if t is not None and number(t.get(metric)) is not None:
+        return f"{t[metric]:.4g}"
+    return str(r.get("status")) if r else "-"
+
+
+def print_table(console: Any, diffs: Sequence[CaseDiff], metric: str, threshold: float,
+                base_label: str, new_label: str, show_all: bool = False) -> None:
+    """The ratio table on a rich console, regressions first; `same` rows are folded away unless show_all."""
+    from rich.table import Table
+    from rich.text import Text  # plain Text cells: plugin names and params are never parsed as markup
+
+    order = {"broken": 0, "slower": 1, "faster": 2, "fixed": 3, "noisy": 4, "failing": 5, "missing": 6, "new": 7}
+    rows = sorted(diffs, key=lambda d: (order.get(d.verdict.verdict, 8), d.op, d.backend, d.dtype))
+    shown = [d for d in rows if show_all or d.verdict.verdict != "same"]
+    unit = next((t.get("unit", "us") for d in diffs for t in [timing(d.base) if d.base else None] if t), "us")
+    title = f"{new_label} vs {base_label}: {metric} ({unit}), threshold ±{threshold:.0%}, p < {ALPHA}"
+    table = Table(title=Text(title))
+    for col in ("op", "backend", "dtype", "params", "base", "new", "ratio", "p", "verdict"):
+        table.add_column(col, justify="right" if col in ("base", "new", "ratio", "p") else "left")
+    for d in shown:
+        v = d.verdict
+        ratio = f"{v.ratio:.3f}" if v.ratio is not None else ""
+        p = f"{v.p_value:.1g}" if v.p_value is not None else ""
+        cells = (d.op, d.backend, d.dtype, params_text(d.params), _metric_text(d.base, metric),
+                 _metric_text(d.new, metric), ratio, p)
+        table.add_row(*(Text(c) for c in cells), Text(v.verdict, style=VERDICT_STYLE.get(v.verdict, "")))
+    if shown:
+        console.print(table)
+    hidden = len(rows) - len(shown)
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(tally(diffs).items()))
+    folded = f" ({hidden} 'same' not listed; --all lists them)" if hidden else ""
+    console.print(f"{len(diffs)} matched cases: {counts or 'none'}{folded}", markup=False, highlight=False)

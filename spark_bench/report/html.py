@@ -1,0 +1,264 @@
+"""Assembly of the self-contained report page: static sections escaped with html.escape, and one JSON block (every
+`<`, `>`, `&` written as \\u003c etc.) that the page script reads for the figures, raw samples and tables."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+import plotly.offline
+
+from spark_bench.report import tables
+from spark_bench.report.assets import CSS, JS
+from spark_bench.report.charts import OpCharts, esc, palette
+from spark_bench.report.compare import CaseDiff, compare_runs, tally
+from spark_bench.report.model import RunData, by_op, failure_text, op_summary, params_text, problems
+
+COMPARE_THRESHOLD = 0.05
+
+
+def clean(obj: Any) -> Any:
+    """JSON-safe copy: non-finite floats become null (JSON.parse rejects NaN), tuples lists, keys strings."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    return obj
+
+
+def script_json(obj: Any) -> str:
+    """JSON that cannot end its <script> element or open a comment: <, >, & and the JS line separators escaped."""
+    text = json.dumps(clean(obj), separators=(",", ":"), allow_nan=False, default=str, ensure_ascii=False)
+    for ch, rep in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(ch, rep)
+    return text
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], cls: str = "static") -> str:
+    """A static table; every cell is escaped unless given as a Markup (pre-escaped) string."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+class Markup(str):
+    """HTML built here from escaped parts."""
+
+
+def _cell(c: Any) -> str:
+    if isinstance(c, Markup):
+        return f"<td>{c}</td>"
+    if isinstance(c, (int, float)) and not isinstance(c, bool):
+        return f'<td class="num">{esc(c)}</td>'
+    return f"<td>{esc('' if c is None else c)}</td>"
+
+
+# --- sections --------------------------------------------------------------------------------------------------------
+def environment(runs: Sequence[RunData]) -> str:
+    def row(name: str, f) -> list[Any]:
+        return [Markup(f"<b>{esc(name)}</b>")] + [f(r) for r in runs]
+
+    def dev(r: RunData) -> str:
+        d = r.fingerprint.get("device") or {}
+        bits = [d.get("name") or "?", f"sm_{d['capability']}" if d.get("capability") else "",
+                f"{d['sm_count']} SMs" if d.get("sm_count") else "",
+                f"{d['memory_bytes'] / 2**30:.0f} GiB" if d.get("memory_bytes") else "",
+                f"L2 {d['l2_bytes'] / 2**20:.0f} MiB" if d.get("l2_bytes") else ""]
+        return " · ".join(b for b in bits if b)
+
+    def versions(r: RunData) -> str:
+        v = r.fingerprint.get("versions") or {}
+        return "  ".join(f"{k} {x}" for k, x in v.items() if x)
+
+    def git(r: RunData) -> str:
+        g = r.fingerprint.get("git") or {}
+        return f"{g.get('commit') or 'unknown'}{' (dirty)' if g.get('dirty') else ''}"
+
+    def sweep(r: RunData) -> str:
+        s = r.run.get("spec") or {}
+        parts = [f"ops {', '.join(map(str, s.get('ops') or []))}" if s.get("ops") else "",
+                 "quick" if s.get("quick") else "", f"preset {s['preset']}" if s.get("preset") else "",
+                 f"seed {s['seed']}" if s.get("seed") is not None else ""]
+        return "; ".join(p for p in parts if p)
+
+    def summary(r: RunData) -> Markup:
+        s = r.run.get("summary") or {}
+        bad = ("mismatch", "error", "crash", "timeout", "oom")
+        return Markup(" ".join(f'<span class="pill{" bad" if k in bad else ""}">{esc(k)} {esc(n)}</span>'
+                               for k, n in s.items() if n))
+
+    fp = lambda r: r.fingerprint  # noqa: E731
+    rows = [
+        row("run", lambda r: f"{r.run.get('run_id', r.path.name)}  ({r.path})"),
+        row("when", lambda r: f"{r.run.get('created', '?')} → {r.run.get('finished') or 'unfinished'}"),
+        row("device", dev),
+        row("driver / CUDA", lambda r: " / ".join(str((fp(r).get("device") or {}).get(k) or "-")
+                                                  for k in ("driver", "cuda"))),
+        row("CPU / host", lambda r: f"{(fp(r).get('cpu') or {}).get('model', '?')} · {fp(r).get('host', '?')} · "
+                                    f"{fp(r).get('os', '?')}"),
+        row("versions", lambda r: f"python {fp(r).get('python', '?')}  {versions(r)}"),
+        row("git commit", git),
+        row("command", lambda r: Markup(f'<span class="code">{esc(" ".join(map(str, r.run.get("command") or [])))}'
+                                        "</span>")),
+        row("sweep", sweep),
+        row("fingerprint", lambda r: fp(r).get("fingerprint_id") or "?"),
+        row("cases", summary),
+    ]
+    headers = [""] + [r.label for r in runs] if len(runs) > 1 else ["", ""]
+    return f'<section id="env"><h2>Environment</h2>{_table(headers, rows, "static env")}</section>'
+
+
+def summary(runs: Sequence[RunData], baseline: str, colours: dict[str, str]) -> str:
+    multi = len(runs) > 1
+    rows = []
+    for run in runs:
+        for op, results in by_op(run.results).items():
+            s = op_summary(op, results, run.run, baseline)
+            c = s["counts"]
+            fastest = Markup("<span class='muted'>none timed</span>")
+            if s.get("fastest"):
+                fastest = Markup(f'<span class="swatch" style="background:{colours.get(s["fastest"], "#333")}">'
+                                 f'</span><b>{esc(s["fastest"])}</b>')
+            if "speedup" in s:
+                speed = Markup(f"<b>{s['speedup']:.2f}×</b> <span class='muted'>geomean over {s['compared']} shapes, "
+                               f"{s['speedup_min']:.2f}–{s['speedup_max']:.2f}×</span>")
+            elif "wins" in s:
+                speed = Markup(f"<span class='muted'>no {esc(baseline)} baseline; fastest on {s['wins']}/"
+                               f"{s['shapes']} shapes</span>")
+            else:
+                speed = Markup("<span class='muted'>n/a</span>")
+            roof = f"{s['roofline'][0]:.1f}% of {s['roofline'][1]}" if s.get("roofline") else "n/a"
+            failed = sum(n for k, n in c.items() if k not in ("ok", "mismatch", "skipped"))
+            link = Markup(f'<a href="#op-{_op_anchor(op)}">{esc(op)}</a>')
+            rows.append(([run.label] if multi else []) + [link, fastest, speed, roof, s["cases"], c.get("ok", 0),
+                                                          _count(c.get("mismatch", 0)), _count(failed),
+                                                          c.get("skipped", 0)])
+    headers = (["run"] if multi else []) + ["op", "fastest correct backend", f"speedup over {baseline}",
+                                            "best % of roofline", "cases", "ok", "mismatch", "failed", "skipped"]
+    return (f'<section id="summary"><h2>Summary</h2>{_table(headers, rows)}'
+            f'<p class="muted">Fastest = highest geometric-mean speedup over <b>{esc(baseline)}</b> across the shapes '
+            "both ran correctly (the fp32 reference is not a contender). Roofline % uses the stored per-case values, "
+            "else GB/s and TFLOP/s against the run's measured (preferred) or datasheet peaks.</p></section>")
+
+
+def _count(n: int) -> Markup:
+    return Markup(f'<span class="pill bad">{n}</span>' if n else "0")
+
+
+def _op_anchor(op: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in op)
+
+
+def problems_section(runs: Sequence[RunData]) -> str:
+    failed_rows, skipped_rows = [], []
+    for run in runs:
+        failed, skipped = problems(run.results)
+        for r in failed:
+            failed_rows.append(([run.label] if len(runs) > 1 else []) + [
+                r.get("op"), r.get("backend"), r.get("dtype"), params_text(r.get("params") or {}),
+                Markup(f'<span class="st-{esc(r.get("status"))}">{esc(r.get("status"))}</span>'),
+                Markup(f'<div class="err">{esc(failure_text(r))}</div>')])
+        for s in skipped:
+            skipped_rows.append(([run.label] if len(runs) > 1 else []) + [s["op"], s["backend"], s["count"],
+                                                                          s["reason"]])
+    lead = ["run"] if len(runs) > 1 else []
+    parts = ['<section id="problems"><h2>Mismatches and failures</h2>']
+    if failed_rows:
+        parts.append(f'<p><span class="pill bad">{len(failed_rows)} cases did not pass</span> every one is listed '
+                     "with its error; they are absent from the charts.</p>")
+        parts.append(_table(lead + ["op", "backend", "dtype", "params", "status", "error"], failed_rows))
+    else:
+        parts.append('<p><span class="pill good">no mismatches or failures</span></p>')
+    if skipped_rows:
+        n = sum(r[-2] for r in skipped_rows)
+        parts.append(f"<details><summary>{n} skipped cases (unavailable backends), by reason</summary>"
+                     f"{_table(lead + ['op', 'backend', 'cases', 'reason'], skipped_rows)}</details>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def comparison(runs: Sequence[RunData], diffs: dict[int, list[CaseDiff]], data: dict[str, Any]) -> str:
+    parts = ['<section id="compare"><h2>Run comparison</h2>',
+             f"<p class='muted'>Each run against <b>{esc(runs[0].label)}</b>, cases matched by (op, backend, params, "
+             f"dtype); verdicts from the raw samples (Mann-Whitney U, p &lt; 0.01) and a ±{COMPARE_THRESHOLD:.0%} "
+             "minimum effect; see docs/report.md.</p>"]
+    for ri, ds in diffs.items():
+        pills = " ".join(f'<span class="pill v-{esc(k)}">{esc(k)} {n}</span>' for k, n in sorted(tally(ds).items()))
+        parts.append(f"<h3>{esc(runs[ri].label)} vs {esc(runs[0].label)}</h3><p>{pills}</p>")
+    data["tables"]["comparison"] = tables.comparison_table(runs, diffs)
+    parts.append('<div data-table="comparison"></div></section>')
+    return "".join(parts)
+
+
+def op_section(index: int, charts: OpCharts, verdicts: dict, data: dict[str, Any]) -> str:
+    key = f"op{index}"
+    figs = charts.figures(verdicts)
+    divs = []
+    for j, fig in enumerate(figs):
+        fid = f"{key}-fig{j}"
+        data["figs"].append({"id": fid, "fig": fig})
+        divs.append(f'<div id="{fid}"></div>')
+    data["samples"][key] = charts.sample_sets()
+    data["boxLayout"][key] = {
+        "title": {"text": f"<b>Raw samples per {esc(charts.x_title)}</b>", "x": 0.01, "xanchor": "left"},
+        "boxmode": "group", "height": 380, "margin": {"l": 60, "r": 10, "t": 36, "b": 44},
+        "xaxis": {"title": {"text": esc(charts.x_title)}, "type": "category"},
+        "yaxis": {"title": {"text": f"time ({esc(charts.unit)})"}, "type": "log"}, "plot_bgcolor": "white"}
+    controls = [f"<span class='muted'>swept: <b>{esc(charts.swept or 'none')}</b></span>"]
+    if charts.swept and len(charts.combos) > 1:
+        options = "".join(f'<option value="{i}">{esc(c)}</option>' for i, c in enumerate(charts.combos))
+        controls.append(f'<label>other parameters: <select class="sb-combo" data-op="{key}">{options}</select></label>')
+    elif charts.swept:
+        controls.append(f"<span class='muted'>at {esc(charts.combos[0])}</span>")
+    legend = " ".join(f'<span><span class="swatch" style="background:{charts.colours.get(b, "#333")}"></span>'
+                      f"{esc(b)}</span>" for b in charts.backends)
+    controls.append(f"<span>{legend}</span>")
+    body = (f'<div class="grid" data-op-figs="{key}">{"".join(divs)}</div>' if divs
+            else "<p class='muted'>No timed case of this op: see the failures above.</p>")
+    boxes = ""
+    if data["samples"][key]:
+        boxes = (f'<details class="sb-box" data-op="{key}"><summary>Raw-sample distributions (box plots of every '
+                 'stored sample, drawn when opened)</summary><div class="sb-boxplot"></div></details>')
+    return (f'<section id="op-{_op_anchor(charts.op)}"><h2>{esc(charts.op)}</h2>'
+            f'<div class="controls">{"".join(controls)}</div>{body}{boxes}</section>')
+
+
+# --- the page --------------------------------------------------------------------------------------------------------
+def render(runs: Sequence[RunData], baseline: str = "torch") -> str:
+    everything = [r for run in runs for r in run.results]
+    colours = palette([str(r.get("backend")) for r in everything])
+    ops = sorted({str(r.get("op")) for r in everything})
+    data: dict[str, Any] = {"figs": [], "samples": {}, "boxLayout": {}, "colours": colours, "tables": {}}
+    diffs = {ri: compare_runs(runs[0], runs[ri], COMPARE_THRESHOLD) for ri in range(1, len(runs))}
+    verdicts = {(ri, id(d.new)): d.verdict for ri, ds in diffs.items() for d in ds if d.new is not None}
+    sections = [environment(runs), summary(runs, baseline, colours), problems_section(runs)]
+    if diffs:
+        sections.append(comparison(runs, diffs, data))
+    for i, op in enumerate(ops):
+        sections.append(op_section(i, OpCharts(op, runs, colours, baseline), verdicts, data))
+    data["tables"]["cases"] = tables.cases_table(runs, baseline)
+    sections.append('<section id="cases"><h2>All cases</h2><div data-table="cases"></div></section>')
+    nav = "".join(f'<a href="#op-{_op_anchor(op)}">{esc(op)}</a>' for op in ops)
+    title = f"spark-bench report: {', '.join(r.label for r in runs)}"
+    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    nonce = secrets.token_urlsafe(16)  # only our own scripts run, even if some markup slipped through unescaped
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; script-src \'nonce-{nonce}\' '
+        "'unsafe-eval'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:\">",
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
+        f'<header class="top"><b>spark-bench</b><span>{esc(", ".join(r.label for r in runs))}</span>'
+        f'<a href="#summary">summary</a><a href="#problems">failures</a>'
+        + ('<a href="#compare">comparison</a>' if diffs else "") + f'<a href="#cases">all cases</a>{nav}'
+        f'<span class="muted" style="margin-left:auto">generated {when}</span></header><main>',
+        *sections, "</main>",
+        f'<script type="application/json" id="sb-data">{script_json(data)}</script>',
+        f'<script nonce="{nonce}">{plotly.offline.get_plotlyjs()}</script>', f'<script nonce="{nonce}">{JS}</script>',
+        "</body></html>",
+    ])

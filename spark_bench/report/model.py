@@ -1,0 +1,268 @@
+"""Loaded runs and the views the report and `compare` build on: case keys, swept axes, peaks, per-op summaries."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from spark_bench.results import ResultsError, load_run
+
+__all__ = ["ResultsError", "RunData", "load_runs"]
+
+# Axes a sweep usually runs along, in order of preference when two have as many values.
+SWEEP_PREFERENCE = ("tokens", "seq_len", "batch", "rows", "cols", "experts", "hidden", "inter", "heads", "topk")
+FAILED = ("mismatch", "error", "crash", "timeout", "oom")
+NOT_A_CONTENDER = ("reference",)  # the fp32 reference is timed for context, never "the fastest backend"
+
+
+@dataclasses.dataclass
+class RunData:
+    path: Path
+    run: dict[str, Any]
+    results: list[dict[str, Any]]
+    label: str = ""
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        return self.run.get("fingerprint") or {}
+
+    @property
+    def device_name(self) -> str:
+        return str((self.fingerprint.get("device") or {}).get("name") or "unknown device")
+
+
+def load_runs(run_dirs: Iterable[str | Path]) -> list[RunData]:
+    """Load each run directory; raises ResultsError (one line) on a missing or malformed one."""
+    runs = []
+    for d in run_dirs:
+        path = Path(d)
+        run, results = load_run(path)
+        latest = {r.get("case_id"): r for r in results}  # a resumed case keeps its last record
+        runs.append(RunData(path, run, list(latest.values())))
+    _label_runs(runs)
+    return runs
+
+
+def _label_runs(runs: Sequence[RunData]) -> None:
+    """Short, distinct labels: the device when devices differ, else the commit, else the run id."""
+    if len(runs) == 1:
+        runs[0].label = str(runs[0].run.get("run_id") or runs[0].path.name)
+        return
+    candidates = [
+        [r.device_name for r in runs],
+        [str((r.fingerprint.get("git") or {}).get("commit") or "?")[:8] for r in runs],
+        [str(r.run.get("run_id") or r.path.name) for r in runs],
+    ]
+    for labels in candidates:
+        if len(set(labels)) == len(labels):
+            break
+    else:
+        labels = [f"{i + 1}:{r.path.name}" for i, r in enumerate(runs)]
+    for r, label in zip(runs, labels, strict=True):
+        r.label = label
+
+
+# --- cases -----------------------------------------------------------------------------------------------------------
+def params_json(params: dict[str, Any]) -> str:
+    return json.dumps(params or {}, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def params_text(params: dict[str, Any], skip: Iterable[str] = ()) -> str:
+    skip = set(skip)
+    return " ".join(f"{k}={v}" for k, v in sorted((params or {}).items()) if k not in skip) or "-"
+
+
+def match_key(r: dict[str, Any]) -> tuple[str, str, str, str]:
+    """How a case is recognised in another run: (op, backend, params, dtype); the device is the run's business."""
+    return (r.get("op", "?"), r.get("backend", "?"), params_json(r.get("params")), str(r.get("dtype")))
+
+
+def timing(r: dict[str, Any]) -> dict[str, Any] | None:
+    t = r.get("timing")
+    return t if r.get("status") == "ok" and isinstance(t, dict) and _num(t.get("median")) else None
+
+
+def _num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def number(x: Any) -> float | None:
+    return float(x) if _num(x) else None
+
+
+def by_op(results: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    ops: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        ops[str(r.get("op", "?"))].append(r)
+    return dict(sorted(ops.items()))
+
+
+def swept_axis(results: Sequence[dict[str, Any]]) -> str | None:
+    """The numeric axis with the most distinct values (ties broken by SWEEP_PREFERENCE), or None."""
+    values: dict[str, set] = defaultdict(set)
+    for r in results:
+        for k, v in (r.get("params") or {}).items():
+            if _num(v):
+                values[k].add(v)
+    multi = [k for k, v in values.items() if len(v) > 1]
+    if not multi:
+        return None
+    rank = {k: i for i, k in enumerate(SWEEP_PREFERENCE)}
+    return max(multi, key=lambda k: (len(values[k]), -rank.get(k, len(rank)), k))
+
+
+def combo_key(r: dict[str, Any], swept: str | None) -> str:
+    """Every parameter but the swept one, plus the dtype: one chart per combination."""
+    return f"{params_text(r.get('params') or {}, skip=[swept] if swept else [])} {r.get('dtype')}".strip()
+
+
+def log_scale(values: Iterable[float]) -> bool:
+    """Log axis when positive values span two decades or more."""
+    v = [x for x in values if _num(x) and x > 0]
+    return bool(v) and max(v) / min(v) >= 100.0
+
+
+# --- roofline --------------------------------------------------------------------------------------------------------
+def peaks(run: dict[str, Any], dtype: str | None = None) -> dict[str, dict[str, float]]:
+    """{"measured"|"datasheet": {"gbps": .., "tflops": ..}} from run["roofline"], whichever are known.
+
+    Accepted spellings: bandwidth as `gbps`/`bw_gbps`/`bandwidth_gbps` (GB/s) or `bytes_per_s`; compute as
+    `tflops_<dtype>`/`tflops` (TFLOP/s, a number or a {dtype: number} map) or `flops_per_s`.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for source, d in ((run.get("roofline") or {}) or {}).items():
+        if not isinstance(d, dict):
+            continue
+        p: dict[str, float] = {}
+        for k in ("gbps", "bw_gbps", "bandwidth_gbps"):
+            if _num(d.get(k)):
+                p["gbps"] = float(d[k])
+                break
+        else:
+            if _num(d.get("bytes_per_s")):
+                p["gbps"] = float(d["bytes_per_s"]) / 1e9
+        for k in (f"tflops_{dtype}", "tflops"):
+            v = d.get(k)
+            if isinstance(v, dict):
+                v = v.get(str(dtype)) if dtype in v else max((x for x in v.values() if _num(x)), default=None)
+            if _num(v):
+                p["tflops"] = float(v)
+                break
+        else:
+            if _num(d.get("flops_per_s")):
+                p["tflops"] = float(d["flops_per_s"]) / 1e12
+        if p:
+            out[str(source)] = p
+    return out
+
+
+def roofline_pct(r: dict[str, Any], run: dict[str, Any]) -> tuple[float, str] | None:
+    """Best fraction of a roof this case reached, as (percent, "BW measured"...): the stored percentages first, else
+    GB/s and TFLOP/s against the run's peaks; per roof the measured peak is preferred over the datasheet."""
+    stored = r.get("roofline") or {}
+    found = []
+    for kind, name in (("bw", "BW"), ("flops", "FLOP/s")):
+        for source in ("measured", "datasheet"):
+            v = number(stored.get(f"pct_{kind}_{source}"))
+            if v is not None:
+                found.append((v, f"{name} {source}"))
+                break
+    if not found:
+        known = peaks(run, r.get("dtype"))
+        for key, name, got in (("gbps", "BW", number(r.get("gbps"))), ("tflops", "FLOP/s", number(r.get("tflops")))):
+            for source in ("measured", "datasheet"):
+                peak = (known.get(source) or {}).get(key)
+                if got is not None and peak:
+                    found.append((100.0 * got / peak, f"{name} {source}"))
+                    break
+    return max(found) if found else None
+
+
+# --- summaries -------------------------------------------------------------------------------------------------------
+def geomean(xs: Sequence[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def speedups(results: Sequence[dict[str, Any]], baseline: str) -> dict[int, float]:
+    """id(result) -> baseline median / this median, for timed cases whose baseline twin was timed too."""
+    base = {}
+    for r in results:
+        t = timing(r)
+        if t and r.get("backend") == baseline:
+            base[(params_json(r.get("params")), str(r.get("dtype")))] = t["median"]
+    out = {}
+    for r in results:
+        t = timing(r)
+        b = base.get((params_json(r.get("params")), str(r.get("dtype"))))
+        if t and b and t["median"] > 0:
+            out[id(r)] = b / t["median"]
+    return out
+
+
+def op_summary(op: str, results: Sequence[dict[str, Any]], run: dict[str, Any], baseline: str) -> dict[str, Any]:
+    """Fastest correct backend (geomean speedup over the baseline, else most wins), its best roofline %, counts."""
+    counts: dict[str, int] = defaultdict(int)
+    for r in results:
+        counts[str(r.get("status"))] += 1
+    sp = speedups(results, baseline)
+    per_backend: dict[str, list[float]] = defaultdict(list)
+    for r in results:
+        if id(r) in sp and r.get("backend") not in NOT_A_CONTENDER:
+            per_backend[r["backend"]].append(sp[id(r)])
+    summary: dict[str, Any] = {"op": op, "counts": dict(counts), "cases": len(results), "baseline": baseline}
+    if per_backend:
+        best = max(per_backend, key=lambda b: (geomean(per_backend[b]), b))
+        xs = per_backend[best]
+        summary.update(fastest=best, speedup=geomean(xs), speedup_min=min(xs), speedup_max=max(xs), compared=len(xs))
+    else:
+        wins: dict[str, int] = defaultdict(int)
+        fastest_at: dict[str, tuple[float, str]] = {}
+        for r in results:
+            t = timing(r)
+            if t and r.get("backend") not in NOT_A_CONTENDER:
+                key = params_json(r.get("params")) + str(r.get("dtype"))
+                fastest_at[key] = min(fastest_at.get(key, (math.inf, "")), (t["median"], r["backend"]))
+        for _, b in fastest_at.values():
+            wins[b] += 1
+        if wins:
+            best = max(wins, key=lambda b: (wins[b], b))
+            summary.update(fastest=best, wins=wins[best], shapes=len(fastest_at))
+    if summary.get("fastest"):
+        pcts = [p for r in results if r.get("backend") == summary["fastest"] and timing(r)
+                for p in [roofline_pct(r, run)] if p]
+        if pcts:
+            summary["roofline"] = max(pcts)
+    return summary
+
+
+def problems(results: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(failed cases, one per case; skipped cases grouped by (op, backend, reason) with a count)."""
+    failed, skipped = [], {}
+    for r in results:
+        status = r.get("status")
+        if status in FAILED or (status not in ("ok", "skipped")):
+            failed.append(r)
+        elif status == "skipped":
+            key = (r.get("op"), r.get("backend"), r.get("error") or "no reason given")
+            skipped.setdefault(key, {"op": key[0], "backend": key[1], "reason": key[2], "count": 0})["count"] += 1
+    return failed, list(skipped.values())
+
+
+def failure_text(r: dict[str, Any]) -> str:
+    """What went wrong, in one paragraph: the error, or for a mismatch the check's numbers against its tolerance."""
+    parts = [str(r["error"])] if r.get("error") else []
+    check = r.get("check") or {}
+    if r.get("status") == "mismatch" or check.get("ok") is False:
+        tol = check.get("tolerance") or {}
+        nums = [f"{k}={check[k]:.3g}" for k in ("err_ratio", "max_abs", "cosine") if _num(check.get(k))]
+        tols = [f"{k}<={v:.3g}" for k, v in tol.items() if _num(v)]
+        if nums:
+            parts.append(" ".join(nums) + (f" (tolerance {' '.join(tols)})" if tols else ""))
+        if check.get("message"):
+            parts.append(str(check["message"]))
+    return "; ".join(parts) or "no error text recorded"

@@ -1,0 +1,72 @@
+"""Rows of the page's interactive tables (sorted, filtered and exported to CSV by the page script)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from spark_bench.report.compare import CaseDiff
+from spark_bench.report.model import RunData, failure_text, number, params_text, roofline_pct, speedups, timing
+
+
+def _col(name: str, title: str = "", **kw: Any) -> dict[str, Any]:
+    return {"name": name, **({"title": title} if title else {}), **kw}
+
+
+def cases_table(runs: Sequence[RunData], baseline: str) -> dict[str, Any]:
+    multi = len(runs) > 1
+    unit = next((t.get("unit", "us") for run in runs for r in run.results for t in [timing(r)] if t), "us")
+    columns = ([_col("run")] if multi else []) + [
+        _col("op"), _col("backend"), _col("dtype"), _col("params", cls="code"), _col("status", tag="st"),
+        _col(f"median_{unit}", "median time per call"), _col(f"p10_{unit}"), _col(f"p90_{unit}"),
+        _col("rel_iqr_%", "interquartile range / median", digits=1), _col("n", "samples"), _col("timer"),
+        _col("GB/s"), _col("TFLOP/s"), _col("roofline_%", "best fraction of a roof (see the summary)", digits=1),
+        _col(f"x_{baseline}", f"speedup over {baseline}", digits=2), _col("err_ratio", "RMS(out-ref)/RMS(ref)"),
+        _col("energy_uJ", "energy per call"), _col("labels"), _col("error", cls="err"),
+    ]
+    rows = []
+    for run in runs:
+        sp = {}
+        for op_results in _group(run.results).values():
+            sp.update(speedups(op_results, baseline))
+        for r in run.results:
+            t = timing(r) or {}
+            med = number(t.get("median"))
+            iqr = number(t.get("iqr"))
+            pct = roofline_pct(r, run.run) if t else None
+            energy = number((r.get("power") or {}).get("energy_j_per_call"))
+            rows.append(([run.label] if multi else []) + [
+                r.get("op"), r.get("backend"), r.get("dtype"), params_text(r.get("params") or {}), r.get("status"),
+                med, number(t.get("p10")), number(t.get("p90")), 100 * iqr / med if iqr is not None and med else None,
+                t.get("n"), t.get("timer"), number(r.get("gbps")), number(r.get("tflops")),
+                pct[0] if pct else None, sp.get(id(r)), number((r.get("check") or {}).get("err_ratio")),
+                energy * 1e6 if energy is not None else None, ", ".join(map(str, r.get("labels") or [])),
+                failure_text(r) if r.get("status") != "ok" else (r.get("error") or ""),
+            ])
+    return {"columns": columns, "rows": rows}
+
+
+def _group(results: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        out.setdefault(str(r.get("op")), []).append(r)
+    return out
+
+
+def comparison_table(runs: Sequence[RunData], diffs: dict[int, list[CaseDiff]]) -> dict[str, Any]:
+    multi = len(diffs) > 1
+    columns = ([_col("run")] if multi else []) + [
+        _col("op"), _col("backend"), _col("dtype"), _col("params", cls="code"), _col("base_median"),
+        _col("new_median"), _col("ratio", "new / base median time: > 1 is slower", digits=3),
+        _col("ratio_ci_low", digits=3), _col("ratio_ci_high", digits=3), _col("p", "Mann-Whitney U, two-sided"),
+        _col("verdict", tag="v"), _col("note", cls="err"),
+    ]
+    rows = []
+    for ri, ds in diffs.items():
+        for d in ds:
+            v = d.verdict
+            tb, tn = (timing(d.base) if d.base else None), (timing(d.new) if d.new else None)
+            rows.append(([runs[ri].label] if multi else []) + [
+                d.op, d.backend, d.dtype, params_text(d.params), tb["median"] if tb else None,
+                tn["median"] if tn else None, v.ratio, v.ratio_lo, v.ratio_hi, v.p_value, v.verdict, v.note])
+    return {"columns": columns, "rows": rows}

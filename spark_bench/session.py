@@ -1,0 +1,98 @@
+"""One `spark-bench run`: the run directory, its spec, the sweep, the closing summary and report.
+
+The spec and timing config are stored in run.json before the first case runs; `--resume DIR` rebuilds the same case
+list from them and runs only what the journal lacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from spark_bench import results, triton_env
+from spark_bench.console import console, failures_table, results_table, summary_line
+from spark_bench.runner import Runner, default_timeout
+from spark_bench.sweep import Case, SweepSpec, UsageError, build_cases
+from spark_bench.timing import TimingConfig
+
+
+@dataclasses.dataclass
+class Session:
+    store: results.RunStore
+    spec: SweepSpec
+    cfg: TimingConfig
+    timeout_s: float
+    cases: list[Case]
+
+    @staticmethod
+    def _cases(spec: SweepSpec) -> list[Case]:
+        from spark_bench.registry import registry
+
+        triton_env.configure(spec.device)  # before plugins import triton: probes must see the interpreter
+        cases = build_cases(registry(), spec)
+        if not cases:
+            raise UsageError("the selection has no cases (no backend or parameter point matches)")
+        return cases
+
+    @classmethod
+    def create(cls, spec: SweepSpec, cfg: TimingConfig, out: Path | None, timeout: float | None,
+               command: list[str], results_root: Path) -> Session:
+        cases = cls._cases(spec)
+        from spark_bench.fingerprint import fingerprint
+
+        run_id = results.new_run_id(spec.device) if out is None else Path(out).name
+        store = results.RunStore(out if out is not None else results_root / run_id)
+        timeout_s = timeout if timeout is not None else default_timeout(spec.device)
+        store.create({
+            "run_id": run_id, "created": results.now(), "finished": None, "fingerprint": fingerprint(spec.device),
+            "command": list(command), "spec": {**spec.to_dict(), "timing": cfg.to_dict(), "timeout_s": timeout_s},
+            "roofline": None, "summary": None,
+        })
+        return cls(store, spec, cfg, timeout_s, cases)
+
+    @classmethod
+    def resume(cls, path: Path) -> Session:
+        store = results.RunStore(path)
+        run = store.read_run()
+        raw = dict(run["spec"])
+        cfg = TimingConfig(**raw.pop("timing"))
+        timeout_s = float(raw.pop("timeout_s"))
+        spec = SweepSpec.from_dict(raw)
+        store.repair_tail()
+        return cls(store, spec, cfg, timeout_s, cls._cases(spec))
+
+    def execute(self, report: bool = True) -> int:
+        """Run what is left; print the tables; write the report. Exit code: 0 all passed, 1 any case failed."""
+        from spark_bench.console import SweepProgress
+        from spark_bench.runner import pending
+
+        out = console()
+        todo = pending(self.store, self.cases)
+        out.print(f"spark-bench: {len(self.cases)} cases on {self.spec.device}, {len(todo)} to run -> {self.store.path}"
+                  + ("  (quick shapes)" if self.spec.quick else ""), markup=False)
+        with SweepProgress(len(todo), out) as progress:
+            Runner(self.store, self.cfg, timeout_s=self.timeout_s, device=self.spec.device,
+                   on_phase=progress.phase, on_result=progress.result).run(todo)
+        records = self.store.read_results()
+        summary = results.summarize_statuses(records)
+        run = self.store.read_run()
+        run.update(finished=results.now(), summary=summary)
+        self.store.write_run(run)
+        out.print(results_table(records, title=f"spark-bench run {run['run_id']}"))
+        fails = failures_table(records)
+        if fails is not None:
+            out.print(fails)
+        out.print(summary_line(summary))
+        if report:
+            self._report(out)
+        out.print(f"results: {self.store.path}", markup=False)
+        return 1 if any(summary[s] for s in results.FAILED) else 0
+
+    def _report(self, out: Any) -> None:
+        try:
+            from spark_bench.report import write_report
+        except ImportError:
+            return
+        path = write_report([self.store.path], self.store.path / "report.html")
+        out.print(f"report: {path}", markup=False)

@@ -1,0 +1,162 @@
+"""A sweep: which cases to run. A case = (op, backend, parameter point, dtype, device).
+
+The spec is validated up front (unknown op, backend, axis, value or preset -> `UsageError` naming the valid choices)
+and is stored in run.json, so `--resume` rebuilds exactly the same case list. Backends of one parameter point run one
+after another in a seeded order that differs from point to point (interleaved, never always A before B), so drift
+(clocks, temperature) does not favour one backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from spark_bench.dtypes import DTYPES, canonical_dtype
+from spark_bench.op import SHARED_AXES, Op
+from spark_bench.registry import Registry
+from spark_bench.results import case_id
+
+
+class UsageError(Exception):
+    """Bad user input; the message is one line naming the valid choices."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    op: str
+    backend: str
+    params: dict[str, Any]
+    dtype: str
+    device: str
+    seed: int
+    skip: str | None = None  # why the backend cannot run here: recorded as `skipped`, never run
+
+    @property
+    def case_id(self) -> str:
+        return case_id(self.op, self.backend, self.params, self.dtype, self.device)
+
+    @property
+    def group(self) -> str:
+        """Cases of one op, point and dtype share inputs and the reference output in a worker."""
+        return case_id(self.op, "*", self.params, self.dtype, self.device)
+
+    def input_seed(self) -> int:
+        digest = hashlib.sha256(f"{self.seed}|{self.group}".encode()).digest()
+        return int.from_bytes(digest[:4], "little")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class SweepSpec:
+    ops: list[str] = dataclasses.field(default_factory=list)  # glob patterns; empty = all
+    backends: list[str] = dataclasses.field(default_factory=list)  # empty = every default backend
+    preset: str | None = None
+    overrides: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # axis -> raw strings from --set
+    dtypes: list[str] = dataclasses.field(default_factory=list)
+    device: str = "cpu"
+    quick: bool = False
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SweepSpec:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in fields})
+
+
+def parse_set(text: str) -> tuple[str, list[str]]:
+    """'heads=4,8' -> ('heads', ['4', '8'])."""
+    if "=" not in text:
+        raise UsageError(f"malformed --set {text!r}: expected AXIS=V1,V2,... (e.g. --set heads=4,8)")
+    axis, _, values = text.partition("=")
+    axis = axis.strip()
+    vals = [v.strip() for v in values.split(",") if v.strip()]
+    if not axis or not vals:
+        raise UsageError(f"malformed --set {text!r}: expected AXIS=V1,V2,... (e.g. --set heads=4,8)")
+    return axis, vals
+
+
+def _select_ops(reg: Registry, spec: SweepSpec) -> list[Op]:
+    try:
+        return reg.match(spec.ops)
+    except KeyError as exc:
+        raise UsageError(exc.args[0]) from None
+
+
+def _dtypes(op: Op, spec: SweepSpec) -> list[str]:
+    if spec.dtypes:
+        return [d for d in spec.dtypes if d in op.tolerance]
+    return op.sweep_dtypes(quick=spec.quick, preset=spec.preset)
+
+
+def _typed_overrides(op: Op, overrides: dict[str, list[str]]) -> dict[str, list[Any]]:
+    typed = {}
+    for axis_name, raw in overrides.items():
+        if axis_name not in op.axis_names:
+            continue
+        axis = op.axis(axis_name)
+        try:
+            typed[axis_name] = [axis.parse(v) for v in raw]
+        except ValueError as exc:
+            raise UsageError(f"{op.name}: {exc}") from None
+    return typed
+
+
+def validate(reg: Registry, spec: SweepSpec) -> list[Op]:
+    """Check the spec against the registry; returns the selected ops."""
+    ops = _select_ops(reg, spec)
+    if "dtype" in spec.overrides:
+        spec.dtypes = spec.dtypes or list(spec.overrides.pop("dtype"))
+    try:
+        spec.dtypes = [canonical_dtype(d) for d in spec.dtypes]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    known_axes = {a for op in ops for a in op.axis_names}
+    for axis_name in spec.overrides:
+        if axis_name not in known_axes:
+            choices = ", ".join(sorted(known_axes)) or "(none)"
+            hint = " (a shared axis name, but none of the selected ops has it)" if axis_name in SHARED_AXES else ""
+            raise UsageError(f"unknown axis {axis_name!r}{hint}; the selected ops have: {choices}")
+    if spec.preset is not None:
+        have = sorted({p for op in ops for p in op.presets})
+        if spec.preset not in have:
+            raise UsageError(f"unknown preset {spec.preset!r}; the selected ops have: {', '.join(have) or '(none)'}")
+    all_backends = sorted({b for op in ops for b in op.backends})
+    for name in spec.backends:
+        if name not in all_backends:
+            raise UsageError(f"unknown backend {name!r}; the selected ops have: {', '.join(all_backends)}")
+    if spec.dtypes and not any(set(spec.dtypes) & set(op.tolerance) for op in ops):
+        raise UsageError(f"no selected op supports dtype {', '.join(spec.dtypes)}; choose from {', '.join(DTYPES)}")
+    for op in ops:
+        _typed_overrides(op, spec.overrides)
+    return ops
+
+
+def build_cases(reg: Registry, spec: SweepSpec) -> list[Case]:
+    """Every case of the sweep, in run order. Unavailable backends become `skip` cases with the reason."""
+    ops = validate(reg, spec)
+    cases: list[Case] = []
+    for op in ops:
+        if spec.preset is not None and spec.preset not in op.presets:
+            continue
+        backends = [b for name, b in op.backends.items() if (name in spec.backends if spec.backends else b.default)]
+        reasons = {b.name: b.unavailable(spec.device) for b in backends}
+        points = op.points(_typed_overrides(op, spec.overrides), quick=spec.quick, preset=spec.preset)
+        for dtype in _dtypes(op, spec):
+            for params in points:
+                group = [Case(op.name, b.name, params, dtype, spec.device, spec.seed, reasons[b.name])
+                         for b in backends]
+                random.Random(f"{spec.seed}|{group[0].group if group else ''}").shuffle(group)
+                cases.extend(group)
+    return cases
+
+
+def order_note(cases: Sequence[Case]) -> str:
+    return f"{len(cases)} cases, {len({c.group for c in cases})} parameter points"

@@ -1,0 +1,240 @@
+"""The timing engine: warm-up by time, cache flush before every timed call, adaptive stopping.
+
+Timers (each result records which one produced it):
+- `cpu-perf_counter`: host monotonic clock around each call (CPU devices); the last-level cache is flushed by
+  writing a buffer of its size (read from sysfs, allocated once) before each call, outside the timed span.
+- `cuda-event`: a CUDA event pair around each call; the L2 is flushed by zeroing a buffer of 2x the device's L2
+  (allocated once per device) before each call, outside the event pair. Events inflate kernels under ~10 us several-fold.
+- `cuda-graph`: for small ops. A graph of `n` calls, each preceded by the flush, is replayed between events; a graph
+  of the `n` flushes alone is replayed interleaved with it, and its median is subtracted (tritonbench's method), so the
+  flush cost is accounted for, not ignored. Per-call time = (t_graph - median t_flush_graph) / n.
+`mode="auto"` uses events for calls estimated at >= 50 us and the graph below that, falling back to events (and saying
+so in `notes`) when the call cannot be captured.
+
+Stopping: after `warmup_s` of calls, sample until the median's 95% CI half-width is under `target_rel_ci` of the median
+with at least `min_samples` samples and `min_time_s` elapsed, or until `max_time_s` / `max_samples` (recorded as
+`stop_reason`, `converged`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from spark_bench.stats import rel_ci, summarize
+
+Call = Callable[[], Any]
+GRAPH_BELOW_US = 50.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingConfig:
+    warmup_s: float = 0.1
+    min_samples: int = 10
+    max_samples: int = 2000
+    min_time_s: float = 0.2
+    max_time_s: float = 5.0
+    target_rel_ci: float = 0.01
+    flush: bool = True
+    mode: str = "auto"  # auto | events | graph (CUDA); CPU devices always use the host clock
+    graph_target_us: float = 500.0  # unroll a graph until one replay takes about this long
+
+    @classmethod
+    def quick(cls) -> TimingConfig:
+        return cls(warmup_s=0.01, min_samples=3, max_samples=200, min_time_s=0.0, max_time_s=0.5, target_rel_ci=0.05)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --- cache flush --------------------------------------------------------------------------------------------------
+def cpu_llc_bytes() -> int:
+    """Largest CPU cache from sysfs (the last level), capped at 64 MiB; 32 MiB when unknown."""
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        with open(path) as f:
+            text = f.read().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return min(max(sizes, default=32 << 20), 64 << 20)
+
+
+@functools.cache
+def _flush_buffer(device: str) -> torch.Tensor:
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(torch.device(device))
+        l2 = int(getattr(props, "L2_cache_size", 0) or (50 << 20))
+        nbytes = 2 * l2
+    else:
+        nbytes = cpu_llc_bytes()
+    return torch.empty(nbytes // 4, dtype=torch.int32, device=device)
+
+
+def flusher(device: str, enabled: bool) -> Call:
+    if not enabled:
+        return lambda: None
+    buf = _flush_buffer(device)
+    return buf.zero_
+
+
+# --- the stopping rule ------------------------------------------------------------------------------------------
+class _Stopper:
+    def __init__(self, cfg: TimingConfig) -> None:
+        self.cfg = cfg
+        self.start = time.perf_counter()
+        self.next_ci_check = max(cfg.min_samples, 2)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def reason(self, samples: Sequence[float]) -> str | None:
+        n, cfg, elapsed = len(samples), self.cfg, self.elapsed()
+        if n >= cfg.max_samples:
+            return "max_samples"
+        if n >= 1 and elapsed >= cfg.max_time_s:
+            return "max_time"
+        if n >= self.next_ci_check and elapsed >= cfg.min_time_s:
+            self.next_ci_check = n + max(1, n // 20)  # the CI is re-evaluated every ~5% more samples
+            if rel_ci(samples) <= cfg.target_rel_ci:
+                return "converged"
+        return None
+
+
+def _warmup(call_at: Callable[[int], Any], seconds: float, sync: Call) -> int:
+    start, i = time.perf_counter(), 0
+    while True:
+        call_at(i)
+        i += 1
+        sync()
+        if time.perf_counter() - start >= seconds:
+            return i
+
+
+def _record(samples_us: list[float], stop: str, timer: str, cfg: TimingConfig, warmup_s: float, measure_s: float,
+            **extra: Any) -> dict[str, Any]:
+    return {"timer": timer, "unit": "us", **summarize(samples_us), "samples": [round(s, 4) for s in samples_us],
+            "converged": stop == "converged", "stop_reason": stop, "warmup_s": round(warmup_s, 4),
+            "measure_s": round(measure_s, 4), "l2_flush": cfg.flush, **extra}
+
+
+# --- timers -----------------------------------------------------------------------------------------------------
+def time_cpu(calls: Sequence[Call], cfg: TimingConfig) -> dict[str, Any]:
+    flush = flusher("cpu", cfg.flush)
+    t0 = time.perf_counter()
+    _warmup(lambda i: calls[i % len(calls)](), cfg.warmup_s, lambda: None)
+    warm = time.perf_counter() - t0
+    stopper, samples, i = _Stopper(cfg), [], 0
+    while (stop := stopper.reason(samples)) is None:
+        flush()
+        call = calls[i % len(calls)]
+        start = time.perf_counter_ns()
+        call()
+        samples.append((time.perf_counter_ns() - start) / 1e3)
+        i += 1
+    return _record(samples, stop, "cpu-perf_counter", cfg, warm, stopper.elapsed(), calls_per_sample=1)
+
+
+def time_cuda_events(calls: Sequence[Call], cfg: TimingConfig, device: str, batch: int = 16,
+                     notes: Sequence[str] = ()) -> dict[str, Any]:
+    flush = flusher(device, cfg.flush)
+    sync = torch.cuda.synchronize
+    t0 = time.perf_counter()
+    _warmup(lambda i: calls[i % len(calls)](), cfg.warmup_s, sync)
+    warm = time.perf_counter() - t0
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
+    stopper, samples, i = _Stopper(cfg), [], 0
+    while (stop := stopper.reason(samples)) is None:
+        for j in range(batch):
+            flush()
+            starts[j].record()
+            calls[i % len(calls)]()
+            ends[j].record()
+            i += 1
+        sync()
+        samples.extend(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True))
+    return _record(samples, stop, "cuda-event", cfg, warm, stopper.elapsed(), calls_per_sample=1, notes=list(notes))
+
+
+def _capture(body: Call) -> torch.cuda.CUDAGraph:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        body()  # warm the side stream (allocator pools) before capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    torch.cuda.synchronize()
+    return graph
+
+
+def time_cuda_graph(calls: Sequence[Call], cfg: TimingConfig, device: str, estimate_us: float) -> dict[str, Any]:
+    flush = flusher(device, cfg.flush)
+    n = int(min(1000, max(1, math.ceil(cfg.graph_target_us / max(estimate_us, 0.5)))))
+
+    def body() -> None:
+        for i in range(n):
+            flush()
+            calls[i % len(calls)]()
+
+    def flush_body() -> None:
+        for _ in range(n):
+            flush()
+
+    graph = _capture(body)
+    flush_graph = _capture(flush_body) if cfg.flush else None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def replay(g: torch.cuda.CUDAGraph) -> float:
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < cfg.warmup_s:
+        replay(graph)
+    warm = time.perf_counter() - t0
+    stopper, raw, flushes, samples = _Stopper(cfg), [], [], []
+    while (stop := stopper.reason(samples)) is None:
+        raw.append(replay(graph))
+        if flush_graph is not None:
+            flushes.append(replay(flush_graph))
+        flush_us = float(torch.tensor(flushes).median()) if flushes else 0.0
+        samples = [max(r - flush_us, 0.0) / n for r in raw]
+    flush_per_call = (float(torch.tensor(flushes).median()) / n) if flushes else 0.0
+    return _record(samples, stop, "cuda-graph", cfg, warm, stopper.elapsed(), calls_per_sample=n,
+                   flush_us_per_call_subtracted=round(flush_per_call, 4))
+
+
+def measure(calls: Sequence[Call], device: str, cfg: TimingConfig) -> dict[str, Any]:
+    """Time `calls` (one zero-arg callable per rotating input set) on `device`; returns the `timing` record."""
+    if not device.startswith("cuda"):
+        return time_cpu(calls, cfg)
+    torch.cuda.synchronize()
+    mode, notes = cfg.mode, []
+    if mode == "auto":
+        probe = time_cuda_events(calls, dataclasses.replace(cfg, warmup_s=0.0, min_samples=5, max_samples=5,
+                                                            max_time_s=0.5), device, batch=5)
+        estimate = probe["median"]
+        mode = "graph" if estimate < GRAPH_BELOW_US else "events"
+    else:
+        estimate = 10.0
+    if mode == "graph":
+        try:
+            return time_cuda_graph(calls, cfg, device, estimate)
+        except Exception as exc:  # not capturable (host sync, dynamic allocation): say so and use events
+            torch.cuda.synchronize()
+            notes.append(f"graph capture failed, timed with events: {type(exc).__name__}: {exc}"[:300])
+    return time_cuda_events(calls, cfg, device, notes=notes)

@@ -1,0 +1,185 @@
+"""The worker process: runs cases one at a time for the runner (spark_bench/runner.py) and reports back.
+
+Per case: inputs (seeded; cached with the reference output for the next backend of the same point) -> backend setup
+(compile, autotune: timed as setup_s, never in the latency) -> correctness check on poisoned allocations -> timing
+(only when the check passed) -> per-stage timing for composite backends. The worker sends a `phase` message at each
+step (the runner's per-phase deadline and progress bar use them) and one `result` message per case.
+Its stderr goes to a log file whose tail the runner stores with a crash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import functools
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+from spark_bench import results, triton_env
+from spark_bench.sweep import Case
+from spark_bench.timing import TimingConfig
+
+OOM_MARKERS = ("out of memory", "not enough memory", "cannot allocate memory", "outofmemoryerror")
+
+
+def classify(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if isinstance(exc, MemoryError) or any(m in text for m in OOM_MARKERS):
+        return "oom"
+    return "error"
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+class CaseRunner:
+    """Runs cases in this process (the worker's loop, and the in-process mode used by tests and the pytest plugin)."""
+
+    def __init__(self, reg=None, phase=lambda case_id, phase: None) -> None:
+        if reg is None:
+            from spark_bench.registry import registry
+
+            reg = registry()
+        self.reg = reg
+        self.phase = phase
+        self._cache: tuple[str, list[dict[str, Any]], Any, dict[str, Any]] | None = None
+
+    def _inputs(self, op, case: Case, n_sets: int):
+        from spark_bench.check import clone_inputs
+
+        if self._cache is not None and self._cache[0] == case.group:
+            return self._cache[1:]
+        self._cache = None
+        self.phase(case.case_id, "inputs")
+        seed = case.input_seed()
+        inputs = op.make_inputs(case.params, device=case.device, dtype=case.dtype, seed=seed)
+        sets = [inputs]
+        for i in range(1, n_sets if op.rotate else 1):
+            other = op.make_inputs(case.params, device=case.device, dtype=case.dtype, seed=seed + i)
+            sets.append({**inputs, **{k: other[k] for k in op.rotate}})
+        self.phase(case.case_id, "reference")
+        ref_inputs = clone_inputs(inputs)
+        ref = op.reference(**ref_inputs)
+        if op.outputs is not None:
+            ref = op.outputs(ref, ref_inputs)
+        extra = op.extra_info(inputs, case.params) if op.extra_info else {}
+        self._cache = (case.group, sets, ref, extra)
+        return sets, ref, extra
+
+    def run(self, case: Case, cfg: TimingConfig, n_sets: int = 4) -> dict[str, Any]:
+        started, t0 = results.now(), time.perf_counter()
+        record: dict[str, Any] = {
+            "case_id": case.case_id, "op": case.op, "backend": case.backend, "params": case.params,
+            "dtype": case.dtype, "device": case.device, "status": None, "error": None, "labels": [],
+            "check": None, "timing": None, "cost": None, "gbps": None, "tflops": None, "stages": None,
+            "extra": {}, "power": None, "roofline": None, "recompiles_during_timing": None,
+            "started": started, "worker_pid": os.getpid(),
+        }
+        try:
+            self._run(case, cfg, n_sets, record)
+        except BaseException as exc:  # noqa: BLE001 - every failure of a case is recorded, never raised
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            record["status"] = classify(exc)
+            record["error"] = f"{type(exc).__name__}: {exc}"[:4000]
+            record["traceback"] = traceback.format_exc()[-4000:]
+            if "cuda error" in record["error"].lower() or "illegal memory" in record["error"].lower():
+                record["restart_worker"] = True  # a CUDA context error poisons every later case of this process
+        record["duration_s"] = round(time.perf_counter() - t0, 4)
+        return record
+
+    def _run(self, case: Case, cfg: TimingConfig, n_sets: int, record: dict[str, Any]) -> None:
+        from spark_bench.check import check_outputs, clone_inputs, poisoned_allocations
+        from spark_bench.compiled import compile_count
+        from spark_bench.timing import measure
+
+        op = self.reg.get(case.op)
+        backend = op.backends[case.backend]
+        record["labels"] = backend.labels_for(case.device)
+        sets, ref, extra = self._inputs(op, case, n_sets)
+        record["extra"] = dict(extra)
+        cost = op.cost(case.params, case.dtype)
+        record["cost"] = {"flops": cost.flops, "bytes": cost.bytes, "tokens": cost.tokens}
+
+        self.phase(case.case_id, "setup")
+        s0 = time.perf_counter()
+        fn = backend.setup(backend.fn, clone_inputs(sets[0])) if backend.setup else backend.fn
+        _sync(case.device)
+        setup_s = time.perf_counter() - s0
+
+        self.phase(case.case_id, "check")
+        check_inputs = clone_inputs(sets[0])
+        with poisoned_allocations():
+            out = fn(**check_inputs)
+            _sync(case.device)
+        record["check"] = check_outputs(op, out, ref, check_inputs, case.dtype)
+        del out, check_inputs
+        if not record["check"]["ok"]:
+            record["status"] = "mismatch"
+            record["error"] = record["check"]["message"]
+            return
+
+        self.phase(case.case_id, "timing")
+        timed_sets = [clone_inputs(s) for s in sets]
+        calls = [functools.partial(fn, **s) for s in timed_sets]
+        before = compile_count()
+        timing = measure(calls, case.device, cfg)
+        record["recompiles_during_timing"] = compile_count() - before
+        if record["recompiles_during_timing"]:
+            record["labels"].append("recompiled-in-timing")
+        timing["setup_s"] = round(setup_s, 4)
+        timing["input_sets"] = len(calls)
+        record["timing"] = timing
+        seconds = timing["median"] * 1e-6
+        record["gbps"] = cost.bytes / seconds / 1e9 if seconds > 0 else None
+        record["tflops"] = cost.flops / seconds / 1e12 if seconds > 0 else None
+
+        if backend.stages is not None:
+            self.phase(case.case_id, "stages")
+            record["stages"] = [{"name": name, "timing": measure([call], case.device, cfg)}
+                                for name, call in backend.stages(clone_inputs(sets[0]))]
+        record["status"] = "ok"
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the runner dies (kill -9 of the sweep leaves no orphan running)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def main(conn, device: str, log_path: str | None) -> None:
+    """Entry point of a spawned worker process."""
+    _die_with_parent()
+    if log_path:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 2)
+        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    faulthandler.enable(all_threads=True)
+    triton_env.configure(device)
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(torch.device(device))
+    runner = CaseRunner(phase=lambda case_id, phase: conn.send(("phase", case_id, phase)))
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] == "stop":
+            return
+        _, case_dict, cfg_dict, n_sets = message
+        record = runner.run(Case(**case_dict), TimingConfig(**cfg_dict), n_sets)
+        conn.send(("result", record))
