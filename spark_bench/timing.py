@@ -76,7 +76,7 @@ def _flush_buffer(device: str) -> torch.Tensor:
         nbytes = 2 * l2
     else:
         nbytes = cpu_llc_bytes()
-    return torch.empty(nbytes // 4, dtype=torch.int32, device=device)
+    return torch.zeros(nbytes // 4, dtype=torch.int32, device=device)  # pages touched now, not in the first sample
 
 
 def flusher(device: str, enabled: bool) -> Call:

@@ -1,0 +1,4 @@
+from spark_bench.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU-only CI: Triton kernels run interpreted
+
+
+@pytest.fixture
+def fault_env(monkeypatch):
+    """Environment in which `spark-bench` subprocesses load the fault-injection test plugin."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS / "plugins"), env.get("PYTHONPATH", "")]))
+    env["SPARK_BENCH_PLUGINS"] = "fault_plugin"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def spark_bench_cmd(*args):
+    return [sys.executable, "-m", "spark_bench", *map(str, args)]

@@ -1,0 +1,103 @@
+"""A test plugin whose backends fail in every way the runner must survive (loaded via $SPARK_BENCH_PLUGINS).
+
+Op `fault.scale`: y = 2 * x. Each backend name says how it misbehaves.
+"""
+
+import ctypes
+import os
+import time
+
+import torch
+
+from spark_bench import Axis, Cost, Op, Tolerance
+from spark_bench.inputs import generator, randn
+
+
+def make_inputs(p, *, device, dtype, seed):
+    return {"x": randn((p["rows"], p["cols"]), generator(device, seed), dtype=dtype, device=device)}
+
+
+def reference(x):
+    return 2 * x.double()
+
+
+op = Op(
+    name="fault.scale",
+    make_inputs_fn=make_inputs,
+    reference=reference,
+    cost=lambda p, dtype: Cost(flops=p["rows"] * p["cols"], bytes=8 * p["rows"] * p["cols"]),
+    axes=[Axis("rows", [64], quick=[3, 17]), Axis("cols", [64], quick=[5])],
+    dtypes=["fp32"],
+    tolerance={"fp32": Tolerance(1e-6)},
+)
+
+
+@op.backend("good")
+def good(x):
+    return 2 * x
+
+
+@op.backend("slow")
+def slow(x):
+    time.sleep(float(os.environ.get("FAULT_SLOW_S", "0.01")))
+    return 2 * x
+
+
+@op.backend("raises")
+def raises(x):
+    raise ValueError("deliberate failure in the backend")
+
+
+@op.backend("segfault")
+def segfault(x):
+    ctypes.string_at(0)
+
+
+@op.backend("abort")
+def abort(x):
+    os.abort()
+
+
+@op.backend("hang")
+def hang(x):
+    time.sleep(3600)
+
+
+@op.backend("wrong")
+def wrong(x):
+    return 2.5 * x
+
+
+@op.backend("nan")
+def nan(x):
+    y = 2 * x
+    y[0, 0] = float("nan")
+    return y
+
+
+@op.backend("unwritten")
+def unwritten(x):
+    """Allocates its output with torch.empty and writes only the first row."""
+    y = torch.empty_like(x)
+    y[:1] = 2 * x[:1]
+    return y
+
+
+@op.backend("oom")
+def oom(x):
+    return torch.empty(1 << 50, dtype=torch.uint8, device=x.device)  # 1 PiB: the allocator refuses at once
+
+
+@op.backend("hang_in_timing")
+def hang_in_timing(x):
+    """Correct on its first call (the check), then hangs: a timeout in the timing phase."""
+    marker = f"/tmp/spark-bench-hang-{os.getpid()}"
+    if os.path.exists(marker):
+        time.sleep(3600)
+    open(marker, "w").close()
+    return 2 * x
+
+
+@op.backend("unavailable", probe=lambda device: "needs a device nobody has")
+def unavailable(x):
+    return 2 * x

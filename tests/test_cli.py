@@ -1,0 +1,57 @@
+"""Bad input gives one clear line on stderr and exit code 2, never a traceback."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from spark_bench.cli import main
+
+
+def run_cli(*args):
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["run", "--op", "nope"], "no op matches 'nope'; choose from kda.gate"),
+    (["run", "--op", "kda.gate", "--backend", "nope"], "unknown backend 'nope'"),
+    (["run", "--op", "kda.gate", "--set", "nope=1"], "unknown axis 'nope'"),
+    (["run", "--op", "kda.gate", "--set", "heads"], "malformed --set 'heads'"),
+    (["run", "--op", "kda.gate", "--set", "heads=four"], "takes integers"),
+    (["run", "--op", "kda.gate", "--dtype", "fp8"], "unknown dtype 'fp8'"),
+    (["run", "--op", "kda.gate", "--preset", "nope"], "unknown preset 'nope'"),
+    (["run", "--op", "kda.gate", "--device", "tpu"], "unknown device 'tpu'"),
+    (["run", "--bogus"], "No such option"),
+    (["show", "/nonexistent/run"], "no such run directory"),
+    (["run", "--resume", "/nonexistent/run"], "not a spark-bench run directory"),
+])
+def test_usage_errors_are_one_line(args, needle):
+    code, out, err = run_cli(*args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in out + err
+
+
+def test_cuda_device_unavailable_here():
+    code, _, err = run_cli("run", "--op", "kda.gate", "--device", "cuda")
+    assert code == 2 and "not available" in err and len(err.strip().splitlines()) == 1
+
+
+def test_list_json_reports_backends_and_reasons():
+    code, out, _ = run_cli("list", "--json", "--device", "cpu")
+    assert code == 0
+    data = json.loads(out)
+    gate = data["ops"]["kda.gate"]["backends"]
+    assert gate["torch"]["available"] and gate["triton"]["available"]
+    assert gate["triton"]["labels"] == ["interpreted"]
+    assert not gate["fla"]["available"] and "needs a GPU" in gate["fla"]["reason"]
+    assert gate["reference"]["default"] is False
+
+
+def test_env_json_has_fingerprint():
+    code, out, _ = run_cli("env", "--json", "--device", "cpu")
+    fp = json.loads(out)
+    assert code == 0 and fp["device"]["type"] == "cpu" and len(fp["fingerprint_id"]) == 16
+    assert fp["versions"]["torch"]

@@ -1,0 +1,67 @@
+"""kda.gate: every CPU backend against our fp64 reference and fla's naive gate, on odd sizes and several seeds."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from spark_bench import get_op
+from spark_bench.check import check_outputs
+
+OP = get_op("kda.gate")
+CPU_BACKENDS = ["triton", "torch"]
+
+
+def call(name, inputs):
+    b = OP.backends[name]
+    fn = b.setup(b.fn, inputs) if b.setup else b.fn
+    return fn(**inputs)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("seed, tokens, heads, head_dim", [(0, 1, 3, 60), (1, 65, 3, 100), (2, 130, 2, 128)])
+def test_backend_matches_reference(backend, dtype, seed, tokens, heads, head_dim):
+    inputs = OP.make_inputs({"tokens": tokens, "heads": heads, "head_dim": head_dim}, dtype=dtype, seed=seed)
+    out = call(backend, inputs)
+    assert out.dtype == torch.float32 and out.shape == (tokens, heads, head_dim)
+    check = check_outputs(OP, out, OP.reference(**inputs), inputs, dtype)
+    assert check["ok"], check["message"]
+    assert (out <= 0).all()
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_torch_compile_matches_reference(dtype):
+    inputs = OP.make_inputs({"tokens": 67, "heads": 3, "head_dim": 60}, dtype=dtype, seed=5)
+    check = check_outputs(OP, call("torch_compile", inputs), OP.reference(**inputs), inputs, dtype)
+    assert check["ok"], check["message"]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_reference_agrees_with_fla_naive_gate(seed):
+    from fla.ops.kda.gate import naive_kda_gate
+
+    inputs = OP.make_inputs({"tokens": 33, "heads": 3, "head_dim": 60}, dtype="fp32", seed=seed)
+    ours = OP.reference(**inputs)
+    theirs = naive_kda_gate(inputs["g"], inputs["A_log"], inputs["dt_bias"]).double()
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_extreme_gates_stay_finite():
+    inputs = OP.make_inputs({"tokens": 17, "heads": 3, "head_dim": 60}, dtype="fp32", seed=3)
+    inputs["g"] = inputs["g"] * 40  # softplus far past its threshold (20) on both sides
+    inputs["A_log"] = inputs["A_log"] + 3
+    ref = OP.reference(**inputs)
+    for name in ("triton", "torch"):
+        out = call(name, inputs)
+        assert torch.isfinite(out).all()
+        assert check_outputs(OP, out, ref, inputs, "fp32")["ok"]
+
+
+def test_check_catches_a_transposed_dt_bias():
+    """kda.md pitfall 1: dt_bias is per channel h*K + d. Reading it as d*H + h must fail the check."""
+    inputs = OP.make_inputs({"tokens": 19, "heads": 3, "head_dim": 60}, dtype="bf16", seed=4)
+    H, K = 3, 60
+    g, a_log, dt_bias = inputs["g"], inputs["A_log"], inputs["dt_bias"]
+    wrong = -a_log.exp().view(H, 1) * F.softplus(g.float() + dt_bias.view(K, H).T)
+    check = check_outputs(OP, wrong, OP.reference(**inputs), inputs, "bf16")
+    assert not check["ok"] and check["err_ratio"] > 1e-2

@@ -1,0 +1,52 @@
+import json
+
+import pytest
+
+from spark_bench.results import ResultsError, RunStore, load_run
+
+
+def make_run(tmp_path):
+    store = RunStore(tmp_path / "r")
+    store.create({"run_id": "r", "spec": {}})
+    return store
+
+
+def test_roundtrip_and_torn_line(tmp_path):
+    store = make_run(tmp_path)
+    store.append({"case_id": "a", "status": "ok"})
+    store.append({"case_id": "b", "status": "error"})
+    with open(store.results_file, "a") as f:
+        f.write('{"schema_version": 1, "case_id": "c", "sta')  # killed mid-write
+    run, records = load_run(store.path)
+    assert run["run_id"] == "r" and [r["case_id"] for r in records] == ["a", "b"]
+    store.repair_tail()
+    store.append({"case_id": "c", "status": "ok"})
+    assert [r["case_id"] for r in store.read_results()] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("not json\n{}\n", "malformed line"),
+    ('{"schema_version": 99, "case_id": "x"}\n', "not a spark-bench v1 result"),
+])
+def test_malformed_results_one_line_error(tmp_path, content, needle):
+    store = make_run(tmp_path)
+    store.results_file.write_text(content)
+    with pytest.raises(ResultsError, match=needle) as info:
+        load_run(store.path)
+    assert "\n" not in str(info.value)
+
+
+def test_foreign_run_file(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps({"hello": 1}))
+    with pytest.raises(ResultsError, match="not a spark-bench run file"):
+        load_run(tmp_path)
+    (tmp_path / "run.json").write_text(json.dumps({"schema": "spark-bench/run", "schema_version": 7}))
+    with pytest.raises(ResultsError, match="schema version 7"):
+        load_run(tmp_path)
+
+
+def test_create_refuses_to_overwrite(tmp_path):
+    store = make_run(tmp_path)
+    store.append({"case_id": "a", "status": "ok"})
+    with pytest.raises(ResultsError, match="--resume"):
+        store.create({"run_id": "r"})

@@ -1,0 +1,54 @@
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from spark_bench.stats import median_ci, rel_ci, summarize
+from spark_bench.timing import TimingConfig, measure
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_median_ci_covers_true_median(seed):
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(200):
+        s = np.sort(rng.lognormal(0.0, 0.5, 41))
+        lo, hi = median_ci(s)
+        hits += lo <= 1.0 <= hi  # the lognormal(0, .5) median is exactly 1
+    assert 0.9 <= hits / 200 <= 1.0
+
+
+def test_summary_fields_and_ci_shrinks():
+    rng = np.random.default_rng(0)
+    small, large = rng.normal(100, 5, 20), rng.normal(100, 5, 2000)
+    s = summarize(small)
+    assert s["min"] <= s["p10"] <= s["median"] <= s["p90"] <= s["max"]
+    assert s["ci_low"] <= s["median"] <= s["ci_high"] and s["n"] == 20
+    assert rel_ci(large) < rel_ci(small)
+
+
+def test_cpu_timer_measures_a_known_duration():
+    cfg = TimingConfig(warmup_s=0.0, min_samples=5, max_samples=8, min_time_s=0.0, max_time_s=5.0,
+                       target_rel_ci=0.0, flush=False)
+    rec = measure([lambda: time.sleep(0.004)], "cpu", cfg)
+    assert rec["timer"] == "cpu-perf_counter" and rec["unit"] == "us"
+    assert rec["stop_reason"] == "max_samples" and rec["n"] == 8
+    assert 4000 <= rec["median"] < 40000
+
+
+def test_stops_on_time_budget_and_rotates_input_sets():
+    seen = []
+    calls = [lambda i=i: seen.append(i) for i in range(3)]
+    cfg = TimingConfig(warmup_s=0.0, min_samples=10**6, max_samples=10**6, max_time_s=0.05, target_rel_ci=0.0,
+                       flush=False)
+    rec = measure(calls, "cpu", cfg)
+    assert rec["stop_reason"] == "max_time" and not rec["converged"]
+    assert set(seen) == {0, 1, 2}
+
+
+def test_converges_on_steady_work():
+    a = torch.randn(64, 64)
+    cfg = TimingConfig(warmup_s=0.01, min_samples=10, max_time_s=10, target_rel_ci=0.2, flush=False)
+    rec = measure([lambda: a @ a], "cpu", cfg)
+    assert rec["converged"] and rec["rel_ci"] <= 0.2
