@@ -1,0 +1,44 @@
+"""Cross-check of our CUDA timers against triton.testing.do_bench on the same kernel (issue 2's GPU check).
+
+Times kda.gate's Triton kernel at a few sizes with: our event timer, our graph timer (both with L2 flush), and
+triton.testing.do_bench / do_bench_cudagraph (do_bench flushes with a 256 MiB buffer; do_bench_cudagraph does not).
+Writes one JSON object with every number and the device name. GPU only.
+"""
+
+import json
+import sys
+
+import torch
+import triton.testing
+
+from spark_bench import get_op
+from spark_bench.fingerprint import fingerprint
+from spark_bench.timing import TimingConfig, measure
+
+
+def main(out_path: str) -> None:
+    op = get_op("kda.gate")
+    fn = op.backends["triton"].fn
+    rows = []
+    for tokens in (64, 4096, 65536):
+        inputs = op.make_inputs({"tokens": tokens, "heads": 32, "head_dim": 128}, device="cuda", dtype="bf16", seed=0)
+        call = lambda: fn(**inputs)  # noqa: E731
+        call()
+        row = {"tokens": tokens, "bytes": op.cost({"tokens": tokens, "heads": 32, "head_dim": 128}, "bf16").bytes}
+        for mode in ("events", "graph"):
+            rec = measure([call], "cuda", TimingConfig(mode=mode))
+            row[f"ours_{mode}_median_us"] = rec["median"]
+            row[f"ours_{mode}_rel_ci"] = rec["rel_ci"]
+            row[f"ours_{mode}_n"] = rec["n"]
+        row["do_bench_mean_us"] = triton.testing.do_bench(call) * 1e3
+        row["do_bench_median_us"] = triton.testing.do_bench(call, return_mode="median") * 1e3
+        row["do_bench_cudagraph_us"] = triton.testing.do_bench_cudagraph(call) * 1e3
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    with open(out_path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "fingerprint": fingerprint("cuda"), "rows": rows}, f,
+                  indent=2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
