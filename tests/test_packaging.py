@@ -1,0 +1,30 @@
+"""Packaging: every package directory ships, under the spark_bench namespace (plugins/ and kernels/ included)."""
+
+import importlib
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ROOTS = {"spark_bench": REPO / "spark_bench", "spark_bench.plugins": REPO / "plugins",
+         "spark_bench.kernels": REPO / "kernels"}
+
+
+def test_every_package_directory_is_listed_in_pyproject():
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    assert config["package-dir"] == {"spark_bench": "spark_bench", "spark_bench.plugins": "plugins",
+                                     "spark_bench.kernels": "kernels"}
+    found = set()
+    for name, root in ROOTS.items():
+        for init in root.rglob("__init__.py"):
+            rel = init.parent.relative_to(root).parts
+            found.add(".".join([name, *rel]))
+    assert found <= listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"
+
+
+def test_plugins_and_kernels_import_under_the_namespace():
+    assert importlib.import_module("spark_bench.plugins.kda.gate").op.name == "kda.gate"
+    kernels = importlib.import_module("spark_bench.kernels")
+    assert Path(kernels.__file__).resolve().parent == REPO / "kernels"
+    assert "kernels" not in sys.modules or Path(sys.modules["kernels"].__file__ or "").parent != REPO / "kernels"
