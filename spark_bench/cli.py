@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from spark_bench import results, triton_env
 from spark_bench.console import console, failures_table, results_table, summary_line
@@ -97,14 +98,14 @@ def list_cmd(as_json: bool, device: str | None) -> None:
     out = console()
     for name, info in data["ops"].items():
         axes = ", ".join(f"{a}={'/'.join(map(str, v[:6]))}{'…' if len(v) > 6 else ''}" for a, v in info["axes"].items())
-        out.print(f"[bold]{name}[/]  dtypes {'/'.join(info['dtypes'])}  axes {axes}", markup=True)
+        out.print(f"[bold]{escape(name)}[/]  dtypes {'/'.join(info['dtypes'])}  axes {escape(axes)}")
         for bname, b in info["backends"].items():
-            mark = "[green]available[/]" if b["available"] else f"[yellow]unavailable[/]: {b['reason']}"
-            extra = (" [" + ", ".join(b["labels"]) + "]") if b["labels"] else ""
+            mark = "[green]available[/]" if b["available"] else f"[yellow]unavailable[/]: {escape(b['reason'])}"
+            extra = (" (" + ", ".join(b["labels"]) + ")") if b["labels"] else ""
             extra += "" if b["default"] else " (only when asked: --backend " + bname + ")"
-            out.print(f"    {bname:16s} {mark}{extra}")
+            out.print(f"    {escape(bname):16s} {mark}{escape(extra)}")
     for err in data["load_errors"]:
-        out.print(f"[red]plugin {err['source']} failed to load[/]: {err['message']}")
+        out.print(f"[red]plugin {escape(err['source'])} failed to load[/]: {escape(err['message'])}")
 
 
 @main.command("env")

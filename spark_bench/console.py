@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -54,9 +55,9 @@ def results_table(records: Sequence[dict[str, Any]], title: str = "", limit: int
         check = rec.get("check") or {}
         timer = (rec.get("timing") or {}).get("timer", "")
         labels = ", ".join([timer, *rec.get("labels", [])]).strip(", ")
-        table.add_row(rec["op"], rec["backend"], fmt_params(rec["params"]), rec["dtype"],
+        table.add_row(escape(rec["op"]), escape(rec["backend"]), escape(fmt_params(rec["params"])), rec["dtype"],
                       f"[{STATUS_STYLE.get(status, '')}]{status}[/]", latency_cell(rec), fmt_num(rec.get("gbps")),
-                      fmt_num(rec.get("tflops")), fmt_num(check.get("err_ratio"), 2), labels)
+                      fmt_num(rec.get("tflops")), fmt_num(check.get("err_ratio"), 2), escape(labels))
     if len(shown) > limit:
         table.caption = f"{len(shown) - limit} more cases not shown (see the HTML report)"
     return table
@@ -72,7 +73,8 @@ def failures_table(records: Sequence[dict[str, Any]]) -> Table | None:
     for rec in failed:
         reason = (rec.get("error") or "").splitlines()[0][:300] if rec.get("error") else ""
         table.add_row(f"[{STATUS_STYLE.get(rec['status'], '')}]{rec['status']}[/]",
-                      f"{rec['op']} {rec['backend']} {fmt_params(rec['params'])} {rec['dtype']}", reason)
+                      escape(f"{rec['op']} {rec['backend']} {fmt_params(rec['params'])} {rec['dtype']}"),
+                      escape(reason))
     return table
 
 
@@ -105,16 +107,17 @@ class SweepProgress:
 
     def phase(self, case, phase: str) -> None:
         if self.progress:
-            text = f"{case.op} [bold]{case.backend}[/] {fmt_params(case.params)} {case.dtype}: {phase}"
-            self.progress.update(self.task, description=text[:100])
+            params = escape(fmt_params(case.params)[:60])
+            text = f"{escape(case.op)} [bold]{escape(case.backend)}[/] {params} {case.dtype}: {phase}"
+            self.progress.update(self.task, description=text)
 
     def result(self, case, record: dict[str, Any]) -> None:
         self.done += 1
         if self.progress:
             self.progress.update(self.task, completed=self.done)
             if record["status"] in FAILED:
-                self.out.print(f"[{STATUS_STYLE[record['status']]}]{record['status']}[/] {case.op} {case.backend} "
-                               f"{fmt_params(case.params)} {case.dtype}: {(record.get('error') or '')[:160]}")
+                detail = f"{case.op} {case.backend} {fmt_params(case.params)} {case.dtype}: {record.get('error') or ''}"
+                self.out.print(f"[{STATUS_STYLE[record['status']]}]{record['status']}[/] {escape(detail[:200])}")
             return
         elapsed = time.monotonic() - self.started
         eta = elapsed / self.done * (self.total - self.done)

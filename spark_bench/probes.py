@@ -53,7 +53,7 @@ def package(module: str, distribution: str) -> Probe:
 
     def probe(device: str) -> str | None:
         if importlib.util.find_spec(module) is None:
-            return f"{distribution} not installed (pip install 'spark-bench[peers]')"
+            return f"{distribution} not installed (pip install {distribution})"
         return None
 
     return probe
