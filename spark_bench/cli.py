@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -158,12 +159,16 @@ def _timing_config(device: str, quick: bool, max_time: float | None, min_samples
 @click.option("--no-flush", is_flag=True, help="Do not flush the cache before each timed call (warm-cache numbers).")
 @click.option("--timer", type=click.Choice(["auto", "events", "graph"]), default="auto", show_default=True,
               help="CUDA timer; CPU devices always use the host clock.")
+@click.option("--no-energy", is_flag=True, help="Skip the NVML energy window after each GPU case (faster sweeps).")
 @click.option("--no-report", is_flag=True, help="Do not write the HTML report at the end.")
 def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resume, timeout, seed, max_time,
-            min_samples, target_ci, no_flush, timer, no_report) -> None:
+            min_samples, target_ci, no_flush, timer, no_energy, no_report) -> None:
     """Sweep ops x backends x shapes x dtypes: check each case against the reference, then time it."""
     from spark_bench.session import Session
+    from spark_bench.worker import ENERGY_ENV
 
+    if no_energy:
+        os.environ[ENERGY_ENV] = "0"  # inherited by the worker processes
     if resume is not None:
         session = Session.resume(resume)
     else:
@@ -195,3 +200,13 @@ def show_cmd(run_dir: Path, failed: bool) -> None:
     if fails is not None:
         out.print(fails)
     out.print(summary_line(results.summarize_statuses(records)))
+
+
+def _add_feature_commands() -> None:
+    from spark_bench.telemetry.cli import calibrate, profile
+
+    for command in (calibrate, profile):
+        main.add_command(command)
+
+
+_add_feature_commands()

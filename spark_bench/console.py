@@ -31,7 +31,9 @@ def fmt_num(value: float | None, digits: int = 3) -> str:
         return "-"
     if value == 0:
         return "0"
-    return f"{value:.{digits}g}" if abs(value) < 1e5 else f"{value:.3e}"
+    if abs(value) >= 10 ** digits:
+        return f"{value:.0f}" if abs(value) < 1e9 else f"{value:.3e}"
+    return f"{value:.{digits}g}"
 
 
 def latency_cell(rec: dict[str, Any]) -> str:

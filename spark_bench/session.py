@@ -14,7 +14,44 @@ from spark_bench import results, triton_env
 from spark_bench.console import console, failures_table, results_table, summary_line
 from spark_bench.runner import Runner, default_timeout
 from spark_bench.sweep import Case, SweepSpec, UsageError, build_cases
+from spark_bench.telemetry import RunTelemetry, percent_of_peak
 from spark_bench.timing import TimingConfig
+
+
+class PhaseTimeline:
+    """Marks each case's phases (as the runner hears of them) on the run's power/clock timeline, when there is one."""
+
+    def __init__(self, tele: RunTelemetry | None) -> None:
+        self.tele, self.current = tele, None
+
+    def wrap(self, on_phase):
+        def marked(case: Case, phase: str) -> None:
+            if self.tele is not None:
+                self._close()
+                self.current = (case.case_id, phase, self.tele.now())
+            on_phase(case, phase)
+
+        return marked
+
+    def _close(self) -> None:
+        if self.tele is not None and self.current is not None:
+            case_id, phase, start = self.current
+            self.tele.mark(case_id, phase, start, self.tele.now())
+            self.current = None
+
+    def __enter__(self) -> PhaseTimeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
+        if self.tele is not None:
+            self.tele.stop()
+
+
+def add_roofline(record: dict[str, Any], roofline: dict[str, Any] | None) -> None:
+    """% of the measured and datasheet peaks, beside the achieved GB/s and TFLOP/s."""
+    if record.get("status") == "ok" and roofline:
+        record["roofline"] = percent_of_peak(record.get("gbps"), record.get("tflops"), record.get("dtype"), roofline)
 
 
 @dataclasses.dataclass
@@ -40,14 +77,19 @@ class Session:
                command: list[str], results_root: Path) -> Session:
         cases = cls._cases(spec)
         from spark_bench.fingerprint import fingerprint
+        from spark_bench.telemetry import preflight, roofline_for
 
         run_id = results.new_run_id(spec.device) if out is None else Path(out).name
         store = results.RunStore(out if out is not None else results_root / run_id)
         timeout_s = timeout if timeout is not None else default_timeout(spec.device)
+        check = preflight(spec.device) if spec.device.startswith("cuda") else None
+        for warning in (check or {}).get("warnings", []):
+            console(stderr=True).print(f"warning: {warning}", markup=False)
         store.create({
             "run_id": run_id, "created": results.now(), "finished": None, "fingerprint": fingerprint(spec.device),
             "command": list(command), "spec": {**spec.to_dict(), "timing": cfg.to_dict(), "timeout_s": timeout_s},
-            "roofline": None, "summary": None,
+            # measured once per device fingerprint (cached; `spark-bench calibrate --force` re-measures)
+            "roofline": roofline_for(spec.device, measure=True), "preflight": check, "summary": None,
         })
         return cls(store, spec, cfg, timeout_s, cases)
 
@@ -71,9 +113,12 @@ class Session:
         todo = pending(self.store, self.cases)
         out.print(f"spark-bench: {len(self.cases)} cases on {self.spec.device}, {len(todo)} to run -> {self.store.path}"
                   + ("  (quick shapes)" if self.spec.quick else ""), markup=False)
-        with SweepProgress(len(todo), out) as progress:
+        tele, _ = RunTelemetry.start(self.store.path, self.spec.device) if self.spec.device.startswith("cuda") \
+            else (None, "CPU device")
+        timeline = PhaseTimeline(tele)
+        with SweepProgress(len(todo), out) as progress, timeline:
             Runner(self.store, self.cfg, timeout_s=self.timeout_s, device=self.spec.device,
-                   on_phase=progress.phase, on_result=progress.result).run(todo)
+                   on_phase=timeline.wrap(progress.phase), on_result=progress.result).run(todo)
         records = self.store.read_results()
         summary = results.summarize_statuses(records)
         run = self.store.read_run()

@@ -23,6 +23,7 @@ from spark_bench import results, triton_env
 from spark_bench.sweep import Case
 from spark_bench.timing import TimingConfig
 
+ENERGY_ENV = "SPARK_BENCH_ENERGY"
 OOM_MARKERS = ("out of memory", "not enough memory", "cannot allocate memory", "outofmemoryerror")
 
 
@@ -142,11 +143,39 @@ class CaseRunner:
         record["gbps"] = cost.bytes / seconds / 1e9 if seconds > 0 else None
         record["tflops"] = cost.flops / seconds / 1e12 if seconds > 0 else None
 
+        record["power"] = self._energy(case, calls, timing, cost)
+        if (record["power"] or {}).get("throttled"):
+            record["labels"].append("throttled")
+
         if backend.stages is not None:
             self.phase(case.case_id, "stages")
             record["stages"] = [{"name": name, "timing": measure([call], case.device, cfg)}
                                 for name, call in backend.stages(clone_inputs(sets[0]))]
         record["status"] = "ok"
+
+
+    def _energy(self, case: Case, calls, timing: dict[str, Any], cost) -> dict[str, Any]:
+        """Energy per call from NVML over an amplified window (spark_bench/telemetry/energy.py); null with the
+        reason on CPU, without NVML, or with SPARK_BENCH_ENERGY=0 (`spark-bench run --no-energy`)."""
+        from spark_bench.telemetry import measure_energy, null_power
+
+        if not case.device.startswith("cuda"):
+            return null_power("CPU device: NVML measures GPU power only")
+        if os.environ.get(ENERGY_ENV, "1") == "0":
+            return null_power("energy measurement disabled (--no-energy)")
+        import torch
+
+        # one invocation = k calls then one sync, ~1 ms of work, so launch gaps do not dilute small ops
+        k = max(1, min(10000, int(1000.0 / max(timing["median"], 0.1))))
+
+        def invocation() -> None:
+            for i in range(k):
+                calls[i % len(calls)]()
+            torch.cuda.synchronize()
+
+        self.phase(case.case_id, "energy")
+        return measure_energy(invocation, case.device, calls_per_invocation=k, flops=cost.flops, tokens=cost.tokens,
+                              retries=2)
 
 
 def _die_with_parent() -> None:
