@@ -168,13 +168,17 @@ class NvmlSource(Source):
         self.nvml = pynvml
         pynvml.nvmlInit()
         try:
-            self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else pynvml.nvmlDeviceGetHandleByIndex(index)
-        except pynvml.NVMLError:
-            if not uuid:
-                pynvml.nvmlShutdown()
-                raise
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self.handle = self._by_uuid(uuid) or pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception:
+            pynvml.nvmlShutdown()
+            raise
         self.index = index
+
+    def _by_uuid(self, uuid: str | None) -> Any:
+        try:
+            return self.nvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else None
+        except Exception:  # a MIG or oddly spelled UUID: fall back to the index
+            return None
 
     def _read(self, field: str, fn: Callable[[], Any], scale: float = 1.0) -> Any:
         if field in self.missing:

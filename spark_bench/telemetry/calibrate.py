@@ -1,0 +1,119 @@
+"""Measure the achievable peaks of the current device: memory bandwidth and dense matmul rate per dtype.
+
+Bandwidth: a large device-to-device copy (dst.copy_(src)), counting bytes read + written (2x the tensor), well above
+L2 (GPU) or the last-level cache (CPU). Matmul: square n x n x n products of random data (never zeros: a bf16 GEMM
+runs faster on zeros), 2 n^3 FLOPs each, for bf16, fp16, tf32 (fp32 inputs, TF32 tensor cores) and fp32 (IEEE).
+Each rate is the median over batches of back-to-back calls (CUDA events on GPU, perf_counter on CPU) after a warm-up.
+The CPU sizes are moderate so `spark-bench calibrate --device cpu` finishes in seconds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+GPU = {"copy_bytes": 2 * 2**30, "matmul_n": {"bf16": 8192, "fp16": 8192, "tf32": 8192, "fp32": 8192},
+       "budget_s": 1.0, "warmup_s": 0.5}
+CPU = {"copy_bytes": 64 * 2**20, "matmul_n": {"fp32": 1024, "bf16": 256, "fp16": 256},
+       "budget_s": 0.4, "warmup_s": 0.1}
+BATCH_S = 0.02  # one timed sample: back-to-back calls for about this long
+
+
+def per_call_seconds(fn: Callable[[], Any], device: str, budget_s: float, warmup_s: float) -> tuple[float, int]:
+    """(median seconds per call, calls timed) of fn on device, after warmup_s of warm-up."""
+    import torch
+
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    start, n = time.perf_counter(), 0
+    while n < 2 or time.perf_counter() - start < warmup_s:
+        fn()
+        sync()
+        n += 1
+    batch = max(1, int(BATCH_S / ((time.perf_counter() - start) / n)))
+    samples: list[float] = []
+    start = time.perf_counter()
+    while len(samples) < 3 or time.perf_counter() - start < budget_s:
+        if cuda:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for _ in range(batch):
+                fn()
+            end.record()
+            end.synchronize()
+            samples.append(begin.elapsed_time(end) / 1e3 / batch)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(batch):
+                fn()
+            samples.append((time.perf_counter() - t0) / batch)
+    return statistics.median(samples), len(samples) * batch
+
+
+def measure_bandwidth(device: str, nbytes: int, budget_s: float, warmup_s: float) -> dict[str, Any]:
+    import torch
+
+    src = torch.randn(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    seconds, calls = per_call_seconds(lambda: dst.copy_(src), device, budget_s, warmup_s)
+    moved = 2 * src.numel() * src.element_size()
+    return {"gbps": moved / seconds / 1e9, "bytes_moved": moved, "seconds": seconds, "calls": calls,
+            "method": "dst.copy_(src), bytes read + written"}
+
+
+def measure_matmul(device: str, dtype: str, n: int, budget_s: float, warmup_s: float) -> dict[str, Any]:
+    import torch
+
+    from spark_bench.dtypes import torch_dtype
+
+    tdtype = torch_dtype("fp32" if dtype == "tf32" else dtype)
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn((n, n), generator=gen, device=device).to(tdtype)
+    b = torch.randn((n, n), generator=gen, device=device).to(tdtype)
+    out = torch.empty((n, n), device=device, dtype=tdtype)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
+    try:
+        seconds, calls = per_call_seconds(lambda: torch.matmul(a, b, out=out), device, budget_s, warmup_s)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    return {"tflops": 2 * n**3 / seconds / 1e12, "n": n, "seconds": seconds, "calls": calls}
+
+
+def calibrate(device: str = "cuda", *, identity: dict[str, Any] | None = None,
+              sizes: dict[str, Any] | None = None, dtypes: list[str] | None = None,
+              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure this device's peaks and return a roofline cache entry (see roofline.py)."""
+    import torch
+
+    import spark_bench
+    from spark_bench.telemetry.roofline import device_identity, now_iso
+
+    identity = identity or device_identity(device)
+    cuda = device.startswith("cuda")
+    cfg = {**(GPU if cuda else CPU), **(sizes or {})}
+    if cuda:
+        total = torch.cuda.get_device_properties(torch.device(device).index or 0).total_memory
+        cfg["copy_bytes"] = min(cfg["copy_bytes"], total // 8)
+    say = progress or (lambda _msg: None)
+    say(f"bandwidth: copying {cfg['copy_bytes'] / 2**20:.0f} MiB")
+    copy = measure_bandwidth(device, cfg["copy_bytes"], cfg["budget_s"], cfg["warmup_s"])
+    matmul = {}
+    for dtype in dtypes or list(cfg["matmul_n"]):
+        n = cfg["matmul_n"][dtype]
+        say(f"matmul {dtype}: {n}x{n}x{n}")
+        try:
+            matmul[dtype] = measure_matmul(device, dtype, n, cfg["budget_s"], cfg["warmup_s"])
+        except RuntimeError as exc:  # a dtype this device's matmul does not support
+            matmul[dtype] = {"tflops": None, "n": n, "error": str(exc).splitlines()[0]}
+    if cuda:
+        torch.cuda.empty_cache()
+    return {
+        "fingerprint_id": identity["fingerprint_id"], "key_source": identity["key_source"],
+        "device": identity["device"], "measured_at": now_iso(),
+        "bandwidth_gbps": copy["gbps"], "tflops": {d: m["tflops"] for d, m in matmul.items()},
+        "details": {"copy": copy, "matmul": matmul},
+        "versions": {"torch": torch.__version__, "spark_bench": spark_bench.__version__},
+    }

@@ -1,0 +1,111 @@
+"""`spark-bench calibrate` and `spark-bench profile` (click commands; the main group adds them).
+
+Bad requests print one line on stderr and exit 2, like the rest of the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+
+def _fail(message: str) -> None:
+    click.echo(f"spark-bench: error: {message}", err=True)
+    sys.exit(2)
+
+
+def _device(device: str | None) -> str:
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cpu" and not device.startswith("cuda"):
+        _fail(f"unknown device {device!r}; choose from cpu, cuda, cuda:N")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        _fail(f"device {device!r} is not available here (torch.cuda.is_available() is False); use --device cpu")
+    return device
+
+
+def _num(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:,.1f} {unit}" if value >= 10 else f"{value:.3g} {unit}"
+
+
+@click.command()
+@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present, else cpu).")
+@click.option("--json", "as_json", is_flag=True, help="Print the roofline as JSON.")
+@click.option("--cache", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Cache file (default $SPARK_BENCH_ROOFLINE_CACHE or ~/.cache/spark-bench/roofline.json).")
+@click.option("--force", is_flag=True, help="Measure again even when this device is cached.")
+def calibrate(device: str | None, as_json: bool, cache: Path | None, force: bool) -> None:
+    """Measure this device's memory bandwidth and matmul peaks (cached per device fingerprint), beside the
+    datasheet."""
+    from spark_bench.telemetry.roofline import cache_path, percent_of_peak, roofline_for
+
+    device = _device(device)
+    start = time.perf_counter()
+    if not as_json:
+        click.echo(f"calibrating {device} (cache {cache_path(cache)})...", err=True)
+    roof = roofline_for(device, measure=True, force=force, cache=cache)
+    measured, sheet = roof["measured"] or {}, roof["datasheet"] or {}
+    if as_json:
+        click.echo(json.dumps(roof, indent=1))
+        return
+    name = (measured.get("device") or {}).get("name", device)
+    click.echo(f"{name}  fingerprint {measured.get('fingerprint_id')}  measured {measured.get('measured_at')}"
+               f"  ({time.perf_counter() - start:.1f} s)")
+    click.echo(f"datasheet: {sheet.get('name', 'unknown device (no datasheet row)')}")
+    click.echo(f"{'peak':<16} {'measured':>16} {'datasheet':>16} {'% of datasheet':>15}")
+    bw = percent_of_peak(measured.get("bandwidth_gbps"), None, None, {"datasheet": sheet})
+    click.echo(f"{'bandwidth':<16} {_num(measured.get('bandwidth_gbps'), 'GB/s'):>16} "
+               f"{_num(sheet.get('bandwidth_gbps'), 'GB/s'):>16} {_num(bw['pct_bw_datasheet'], '%'):>15}")
+    for dtype, rate in (measured.get("tflops") or {}).items():
+        pct = percent_of_peak(None, rate, dtype, {"datasheet": sheet})["pct_flops_datasheet"]
+        peak = (sheet.get("tflops") or {}).get(dtype)
+        click.echo(f"{'matmul ' + dtype:<16} {_num(rate, 'TFLOP/s'):>16} {_num(peak, 'TFLOP/s'):>16} "
+                   f"{_num(pct, '%'):>15}")
+
+
+@click.command()
+@click.option("--op", "op_name", required=True, help="Op name, e.g. kda.gate.")
+@click.option("--backend", required=True, help="Backend name, e.g. torch, triton.")
+@click.option("--set", "sets", multiple=True, metavar="AXIS=V", help="One axis value (repeatable).")
+@click.option("--dtype", default=None, help="bf16, fp16, fp32 (default: the op's first dtype).")
+@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present, else cpu).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output directory (default results/profile/<op>-<backend>-<time>).")
+@click.option("--iters", default=10, show_default=True, type=click.IntRange(1, 10_000), help="Profiled calls.")
+@click.option("--ncu", is_flag=True, help="Also collect Nsight Compute metrics (needs ncu on PATH and a GPU).")
+def profile(op_name: str, backend: str, sets: tuple[str, ...], dtype: str | None, device: str | None,
+            out: Path | None, iters: int, ncu: bool) -> None:
+    """Profile one case with torch.profiler: trace.json (Chrome/Perfetto) and a per-kernel time breakdown."""
+    from spark_bench.telemetry.profile import ProfileError, format_rows, profile_case, resolve_case, run_ncu
+
+    device = _device(device)
+    try:
+        if ncu:
+            import shutil
+
+            if shutil.which("ncu") is None:
+                raise ProfileError("ncu (Nsight Compute) is not on PATH; install it or drop --ncu")
+            if not device.startswith("cuda"):
+                raise ProfileError("--ncu needs a CUDA device (--device cuda)")
+        resolve_case(op_name, backend, sets, dtype, device)  # validate before anything runs
+        out = out or Path("results/profile") / f"{op_name}-{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
+        summary = profile_case(op_name, backend, sets=sets, dtype=dtype, device=device, out_dir=out, iters=iters)
+        ncu_summary = run_ncu(op_name, backend, sets=sets, dtype=dtype, device=device, out_dir=out) if ncu else None
+    except ProfileError as exc:
+        _fail(str(exc))
+    params = " ".join(f"{k}={v}" for k, v in summary["params"].items())
+    click.echo(f"{summary['op']} / {summary['backend']}  {params}  {summary['dtype']}  {device}  "
+               f"{iters} calls: {summary['kernel_us_per_call']:.2f} us of {summary['what']} per call")
+    click.echo(format_rows(summary["kernels"]))
+    if ncu_summary:
+        click.echo(f"{'ncu kernel':<60} {'dram %':>8} {'sm %':>8} {'occup. %':>9}")
+        for k in ncu_summary["kernels"]:
+            click.echo(f"{str(k.get('kernel'))[:60]:<60} {k.get('dram_throughput_pct', '-'):>8} "
+                       f"{k.get('sm_throughput_pct', '-'):>8} {k.get('achieved_occupancy_pct', '-'):>9}")
+    click.echo(f"trace: {summary['files']['trace']}  (open in https://ui.perfetto.dev or chrome://tracing)")

@@ -1,0 +1,112 @@
+"""Datasheet table, % of peak, the per-fingerprint cache and CPU calibration (tiny sizes)."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from spark_bench.telemetry import calibrate as cal
+from spark_bench.telemetry import percent_of_peak, roofline_for
+from spark_bench.telemetry.cli import calibrate as calibrate_cmd
+from spark_bench.telemetry.roofline import datasheet_for, datasheet_key, device_identity, load_cache, store
+
+TINY = {"copy_bytes": 4 * 2**20, "matmul_n": {"fp32": 96, "bf16": 64}, "budget_s": 0.03, "warmup_s": 0.005}
+
+
+@pytest.mark.parametrize("name,memory,key", [
+    ("NVIDIA H200", 150_000_000_000, "H200 SXM"),
+    ("NVIDIA H200 NVL", None, "H200 NVL"),
+    ("NVIDIA H100 80GB HBM3", None, "H100 SXM"),
+    ("NVIDIA H100 PCIe", None, "H100 PCIe"),
+    ("NVIDIA H100 NVL", None, "H100 NVL"),
+    ("NVIDIA A100-SXM4-80GB", None, "A100 SXM 80GB"),
+    ("NVIDIA A100-SXM4-40GB", None, "A100 SXM 40GB"),
+    ("NVIDIA A100-PCIE-40GB", None, "A100 PCIe 40GB"),
+    ("NVIDIA A100 80GB PCIe", None, "A100 PCIe 80GB"),
+    ("NVIDIA GH200 480GB", 102_000_000_000, "GH200 96GB"),
+    ("NVIDIA L4", None, "L4"),
+    ("NVIDIA L40S", None, "L40S"),
+    ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", None, None),  # a slice: datasheet numbers would be wrong
+    ("NVIDIA H100", None, None),  # ambiguous (SXM or PCIe)
+    ("NVIDIA GeForce RTX 4090", None, None),
+    ("AMD EPYC", None, None),
+    (None, None, None),
+])
+def test_datasheet_lookup(name, memory, key):
+    assert datasheet_key(name, memory) == key
+    entry = datasheet_for(name, memory)
+    assert (entry is None) == (key is None)
+
+
+def test_datasheet_numbers():
+    h200 = datasheet_for("NVIDIA H200")
+    assert h200["bandwidth_gbps"] == 4800 and h200["tflops"]["bf16"] == pytest.approx(989.4)
+    assert h200["tflops"]["tf32"] == pytest.approx(h200["tflops"]["bf16"] / 2)
+    assert datasheet_for("NVIDIA H100 PCIe")["bandwidth_gbps"] == 2000
+    a100 = datasheet_for("NVIDIA A100-SXM4-80GB")
+    assert a100["bandwidth_gbps"] == 2039 and a100["tflops"]["fp32"] == 19.5 and a100["tflops"]["fp16"] == 312
+
+
+def test_percent_of_peak():
+    roof = {"measured": {"bandwidth_gbps": 4300.0, "tflops": {"bf16": 780.0}},
+            "datasheet": datasheet_for("NVIDIA H200")}
+    pct = percent_of_peak(2400.0, 495.0, "bfloat16", roof)
+    assert pct == {"pct_bw_measured": pytest.approx(55.81, abs=0.01), "pct_bw_datasheet": 50.0,
+                   "pct_flops_measured": pytest.approx(63.46, abs=0.01), "pct_flops_datasheet": pytest.approx(50.03)}
+    assert percent_of_peak(2400.0, 1.0, "fp16", roof)["pct_flops_measured"] is None  # fp16 not measured
+    assert percent_of_peak(None, 10.0, "fp32", roof)["pct_flops_datasheet"] == pytest.approx(14.95, abs=0.01)
+    assert percent_of_peak(100.0, 1.0, "int7", roof)["pct_flops_datasheet"] is None
+    assert set(percent_of_peak(1.0, 1.0, "bf16", None).values()) == {None}
+    assert set(percent_of_peak(1.0, 1.0, "bf16", {"measured": None, "datasheet": None}).values()) == {None}
+
+
+def test_cpu_calibration_and_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "roofline.json"
+    assert roofline_for("cpu", cache=cache) == {"measured": None, "datasheet": None}  # never measures unasked
+    assert not cache.exists()
+    monkeypatch.setattr(cal, "CPU", TINY)
+    roof = roofline_for("cpu", measure=True, cache=cache)
+    m = roof["measured"]
+    assert roof["datasheet"] is None and m["device"]["type"] == "cpu"
+    copy = m["details"]["copy"]
+    assert copy["bytes_moved"] == 2 * TINY["copy_bytes"]
+    assert m["bandwidth_gbps"] == pytest.approx(copy["bytes_moved"] / copy["seconds"] / 1e9)
+    assert 0.05 < m["bandwidth_gbps"] < 2000
+    for dtype, n in TINY["matmul_n"].items():
+        mm = m["details"]["matmul"][dtype]
+        assert mm["n"] == n and m["tflops"][dtype] == pytest.approx(2 * n**3 / mm["seconds"] / 1e12)
+        assert 1e-6 < m["tflops"][dtype] < 50
+    assert load_cache(cache)[m["fingerprint_id"]] == m
+    assert roofline_for("cpu", cache=cache)["measured"] == m  # read back, not remeasured
+    assert m["fingerprint_id"] == device_identity("cpu")["fingerprint_id"]
+
+
+def test_cache_survives_garbage_and_keeps_other_devices(tmp_path):
+    cache = tmp_path / "roofline.json"
+    cache.write_text("{not json")
+    assert load_cache(cache) == {}
+    store({"fingerprint_id": "other", "bandwidth_gbps": 1.0}, cache)
+    store({"fingerprint_id": "mine", "bandwidth_gbps": 2.0}, cache)
+    data = json.loads(cache.read_text())
+    assert data["schema"] == "spark-bench/roofline-cache" and set(data["entries"]) == {"other", "mine"}
+    cache.write_text(json.dumps({"schema": "something-else", "entries": {"x": {}}}))
+    assert load_cache(cache) == {}
+
+
+def test_calibrate_cli(tmp_path, monkeypatch):
+    monkeypatch.setattr(cal, "CPU", TINY)
+    cache = tmp_path / "r.json"
+    runner = CliRunner()
+    first = runner.invoke(calibrate_cmd, ["--device", "cpu", "--json", "--cache", str(cache)])
+    assert first.exit_code == 0, first.output
+    data = json.loads(first.stdout)
+    assert data["measured"]["bandwidth_gbps"] > 0 and data["datasheet"] is None
+    again = runner.invoke(calibrate_cmd, ["--device", "cpu", "--json", "--cache", str(cache)])
+    assert json.loads(again.stdout) == data  # cached
+    monkeypatch.setattr(cal, "CPU", {**TINY, "matmul_n": {"fp32": 32}})
+    forced = runner.invoke(calibrate_cmd, ["--device", "cpu", "--json", "--cache", str(cache), "--force"])
+    assert set(json.loads(forced.stdout)["measured"]["tflops"]) == {"fp32"}
+    text = runner.invoke(calibrate_cmd, ["--device", "cpu", "--cache", str(cache)])
+    assert text.exit_code == 0 and "bandwidth" in text.stdout and "matmul fp32" in text.stdout
+    bad = runner.invoke(calibrate_cmd, ["--device", "tpu"])
+    assert bad.exit_code == 2 and "unknown device" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
