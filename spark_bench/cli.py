@@ -161,16 +161,29 @@ def _timing_config(device: str, quick: bool, max_time: float | None, min_samples
               help="CUDA timer; CPU devices always use the host clock.")
 @click.option("--no-energy", is_flag=True, help="Skip the NVML energy window after each GPU case (faster sweeps).")
 @click.option("--no-report", is_flag=True, help="Do not write the HTML report at the end.")
+@click.option("--executor", "executor_kind", type=click.Choice(["inprocess", "local", "ray"]), default="local",
+              show_default=True, help="Where cases run: worker processes here, this process (debugging), or Ray.")
+@click.option("--devices", default=None, metavar="0,1,...|all",
+              help="One worker per device (GPU indices, or labels on CPU, e.g. cpu0,cpu1); with ray: how many GPUs.")
+@click.option("--ray-address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else a local one).")
+@click.option("--retries", type=int, default=0, show_default=True,
+              help="Run a case again, up to N times, when its worker died (crash, lost Ray node).")
+@click.option("--dry-run", is_flag=True, help="Print the cases and their estimated duration (from stored results).")
 def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resume, timeout, seed, max_time,
-            min_samples, target_ci, no_flush, timer, no_energy, no_report) -> None:
+            min_samples, target_ci, no_flush, timer, no_energy, no_report, executor_kind, devices, ray_address,
+            retries, dry_run) -> None:
     """Sweep ops x backends x shapes x dtypes: check each case against the reference, then time it."""
     from spark_bench.session import Session
     from spark_bench.worker import ENERGY_ENV
 
     if no_energy:
         os.environ[ENERGY_ENV] = "0"  # inherited by the worker processes
+    from spark_bench.executors import make_executor
+
+    session = None
     if resume is not None:
         session = Session.resume(resume)
+        spec = session.spec
     else:
         device = check_device(device or default_device())
         overrides: dict[str, list[str]] = {}
@@ -181,8 +194,19 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
                          dtypes=[d for text in dtypes for d in text.split(",") if d], device=device,
                          quick=quick or (device == "cpu" and not full), seed=seed)
         cfg = _timing_config(device, quick, max_time, min_samples, target_ci, no_flush, timer)
+    executor = make_executor(executor_kind, device=spec.device, devices=devices, ray_address=ray_address,
+                             retries=retries)
+    if dry_run:
+        from spark_bench.executors.plan import print_plan
+        from spark_bench.runner import pending
+
+        cases = session.cases if session else Session._cases(spec)
+        print_plan(cases, pending(session.store, cases) if session else cases, executor.describe(),
+                   executor.slots_count(), RESULTS_ROOT, echo=click.echo)
+        sys.exit(0)
+    if session is None:
         session = Session.create(spec, cfg, out, timeout, command=sys.argv, results_root=RESULTS_ROOT)
-    sys.exit(session.execute(report=not no_report))
+    sys.exit(session.execute(report=not no_report, executor=executor))
 
 
 @main.command("show")
@@ -203,9 +227,10 @@ def show_cmd(run_dir: Path, failed: bool) -> None:
 
 
 def _add_feature_commands() -> None:
+    from spark_bench.report.cli import compare, report
     from spark_bench.telemetry.cli import calibrate, profile
 
-    for command in (calibrate, profile):
+    for command in (report, compare, calibrate, profile):
         main.add_command(command)
 
 

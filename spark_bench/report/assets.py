@@ -25,7 +25,12 @@ table.static th, table.static td, table.sb th, table.sb td { border-bottom: 1px 
   text-align: left; vertical-align: top; }
 table.static th, table.sb th { background: #f0f2f5; font-weight: 600; white-space: nowrap; }
 table.env th { text-align: right; color: var(--muted); font-weight: 500; background: none; }
+.envgrid { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 2px 24px;
+           font-size: 13px; }
+.envgrid > div { display: flex; gap: 10px; border-bottom: 1px solid var(--line); padding: 3px 0; }
+.envgrid b { flex: 0 0 110px; color: var(--muted); font-weight: 500; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.code { white-space: nowrap; }
 td.code, span.code { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; }
 td.err { max-width: 720px; white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, monospace;
          font-size: 12px; }
@@ -51,6 +56,8 @@ table.sb th { cursor: pointer; user-select: none; }
 table.sb th.asc::after { content: " \\25B2"; } table.sb th.desc::after { content: " \\25BC"; }
 .tablewrap { max-height: 620px; overflow: auto; border: 1px solid var(--line); }
 .tablewrap table { width: 100%; }
+table.sb td { white-space: nowrap; }
+table.sb td.err { white-space: pre-wrap; min-width: 360px; }
 .tablewrap th { position: sticky; top: 0; }
 """
 
@@ -74,6 +81,9 @@ JS = r"""
     function next() {
       if (i >= D.figs.length) { SB.done = true; return; }
       var f = D.figs[i++];
+      f.fig.data.forEach(function (t) {  // hover texts are stored once per case, shared by every chart
+        if (t.meta && t.meta.h) t.hovertext = t.meta.h.map(function (k) { return D.hover[k]; });
+      });
       Plotly.newPlot(document.getElementById(f.id), f.fig.data, f.fig.layout, CONFIG)
         .then(function () { SB.rendered++; setTimeout(next, 0); })
         .catch(function (e) { SB.errors.push(String(e)); setTimeout(next, 0); });

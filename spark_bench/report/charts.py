@@ -13,9 +13,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from spark_bench.report.model import (
+    NOT_A_CONTENDER,
     RunData,
     combo_key,
     log_scale,
+    match_key,
+    natural_key,
     number,
     params_text,
     peaks,
@@ -46,17 +49,21 @@ def palette(backends: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def esc(x: Any) -> str:
-    return html.escape(str(x), quote=True)
+def ptext(x: Any) -> str:
+    """Text for plotly, which renders a few HTML tags and decodes &lt; &gt; &amp; (but not &quot;)."""
+    return html.escape(str(x), quote=False)
 
 
 def _layout(title: str, x_title: str, y_title: str, x_log: bool = False, y_log: bool = False,
             categorical: bool = False) -> dict[str, Any]:
     x_type = "log" if x_log else ("category" if categorical else "linear")
-    xaxis = {**AXIS, "title": {"text": esc(x_title)}, "type": x_type}
+    xaxis = {**AXIS, "title": {"text": ptext(x_title)}, "type": x_type}
+    yaxis = {**AXIS, "title": {"text": ptext(y_title)}, "type": "log" if y_log else "linear"}
+    if y_log:
+        yaxis["dtick"] = 1  # one tick per decade; plotly's default 2/5 minor labels read as noise
     return {
-        "title": {"text": f"<b>{esc(title)}</b>", "x": 0.01, "xanchor": "left", "font": {"size": 14}},
-        "xaxis": xaxis, "yaxis": {**AXIS, "title": {"text": esc(y_title)}, "type": "log" if y_log else "linear"},
+        "title": {"text": f"<b>{ptext(title)}</b>", "x": 0.01, "xanchor": "left", "font": {"size": 14}},
+        "xaxis": xaxis, "yaxis": yaxis,
         "margin": {"l": 60, "r": 10, "t": 36, "b": 44}, "height": 330, "hovermode": "closest",
         "plot_bgcolor": "white", "paper_bgcolor": "white", "legend": {"font": {"size": 11}},
         "font": {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12},
@@ -64,136 +71,151 @@ def _layout(title: str, x_title: str, y_title: str, x_log: bool = False, y_log: 
 
 
 class OpCharts:
-    """The charts of one op across the runs given (one line per backend and run; runs differ by dash)."""
+    """The charts of one op across the runs given (one line per backend and run; runs differ by dash).
 
-    def __init__(self, op: str, runs: Sequence[RunData], colours: dict[str, str], baseline: str = "torch"):
+    Hover texts are stored once per case in the page-wide `hovers` list; a trace carries their indices in `meta.h`
+    and the page script expands them, so thousands of cases do not repeat their hover in every chart.
+    """
+
+    def __init__(self, op: str, runs: Sequence[RunData], colours: dict[str, str], baseline: str = "torch",
+                 hovers: list[str] | None = None):
         self.op, self.runs, self.colours, self.baseline = op, runs, colours, baseline
+        self.hovers = hovers if hovers is not None else []
         self.per_run = [[r for r in run.results if r.get("op") == op] for run in runs]
         every = [r for rs in self.per_run for r in rs]
         self.swept = swept_axis(every)
-        self.combos = sorted({self.combo(r) for r in every})
+        timed = [(ri, r) for ri, rs in enumerate(self.per_run) for r in rs if timing(r)]
+        first: dict[str, None] = {}
+        for _, r in sorted(timed, key=lambda t: natural_key(t[1])):
+            first.setdefault(self.combo(r), None)
+        self.combos = list(first) or [""]
         self.backends = sorted({str(r.get("backend")) for r in every})
-        self.unit = next((t.get("unit", "us") for r in every for t in [timing(r)] if t), "us")
-        self.x_log = bool(self.swept) and log_scale(r["params"][self.swept] for r in every if timing(r))
+        self.unit = next((timing(r).get("unit", "us") for _, r in timed), "us")
+        self.x_log = bool(self.swept) and log_scale(r["params"][self.swept] for _, r in timed)
         self.speedup = [speedups(rs, baseline) for rs in self.per_run]
+        self.hid: dict[int, int] = {}
+        self.groups: dict[tuple[int, str, int], list[dict[str, Any]]] = {}
+        combo_index = {c: i for i, c in enumerate(self.combos)}
+        for ri, r in timed:
+            self.hid[id(r)] = len(self.hovers)
+            self.hovers.append(self.hover(r, ri))
+            self.groups.setdefault((ri, str(r.get("backend")), combo_index[self.combo(r)]), []).append(r)
+        for rs in self.groups.values():
+            rs.sort(key=lambda r: self.x(r) if self.swept else str(self.x(r)))
 
     def combo(self, r: dict[str, Any]) -> str:
         return combo_key(r, self.swept) if self.swept else ""
 
     def x(self, r: dict[str, Any]) -> Any:
         """The swept value, or (no numeric sweep) the case's escaped label on a categorical axis."""
-        return r["params"][self.swept] if self.swept else esc(combo_key(r, None))
+        return r["params"][self.swept] if self.swept else ptext(combo_key(r, None))
 
     @property
     def x_title(self) -> str:
         return self.swept or "case"
 
     def name(self, backend: str, run_index: int) -> str:
-        return esc(backend if len(self.runs) == 1 else f"{backend} · {self.runs[run_index].label}")
+        return ptext(backend if len(self.runs) == 1 else f"{backend} · {self.runs[run_index].label}")
 
-    def hover(self, r: dict[str, Any], run_index: int, extra: str = "") -> str:
-        t = timing(r) or {}
-        lines = [f"<b>{self.name(str(r.get('backend')), run_index)}</b>", esc(params_text(r.get("params") or {})),
-                 f"dtype {esc(r.get('dtype'))}"]
-        if t:
-            med = t["median"]
-            rel = f" ({100 * t['iqr'] / med:.1f}%)" if number(t.get("iqr")) is not None and med else ""
-            lines.append(f"median {med:.4g} {esc(self.unit)}  p10 {t.get('p10', math.nan):.4g}  "
-                         f"p90 {t.get('p90', math.nan):.4g}")
-            lines.append(f"IQR {t.get('iqr', math.nan):.3g}{rel}  n={t.get('n')}  timer {esc(t.get('timer', '?'))}")
+    def hover(self, r: dict[str, Any], run_index: int) -> str:
+        """Everything about one timed case: parameters, statistics, timer, throughput, roofline, energy."""
+        t = timing(r)
+        med, iqr = t["median"], number(t.get("iqr"))
+        unit = ptext(self.unit)
+        lines = [f"<b>{self.name(str(r.get('backend')), run_index)}</b>  {ptext(params_text(r.get('params') or {}))}"
+                 f"  {ptext(r.get('dtype'))}",
+                 f"median {med:.4g} {unit}  p10 {t.get('p10', math.nan):.4g}  p90 {t.get('p90', math.nan):.4g}",
+                 f"IQR {iqr if iqr is not None else math.nan:.3g}"
+                 + (f" ({100 * iqr / med:.1f}%)" if iqr is not None and med else "")
+                 + f"  n={ptext(t.get('n'))}  timer {ptext(t.get('timer', '?'))}"]
+        rates = [f"{v:.4g} {u}" for v, u in ((number(r.get("gbps")), "GB/s"), (number(r.get("tflops")), "TFLOP/s"))
+                 if v is not None]
+        pct = roofline_pct(r, self.runs[run_index].run)
+        if rates or pct:
+            lines.append("  ".join(rates) + (f"  ({pct[0]:.1f}% of {ptext(pct[1])} roof)" if pct else ""))
+        power = r.get("power") or {}
+        if number(power.get("energy_j_per_call")) is not None:
+            w = number(power.get("avg_w"))
+            lines.append(f"{power['energy_j_per_call'] * 1e6:.4g} µJ/call" + (f"  {w:.0f} W" if w is not None else "")
+                         + f"  ({ptext(power.get('source', '?'))})")
         if r.get("labels"):
-            lines.append("labels: " + esc(", ".join(map(str, r["labels"]))))
-        if extra:
-            lines.append(extra)
+            lines.append("labels: " + ptext(", ".join(map(str, r["labels"]))))
         return "<br>".join(lines)
 
-    def series(self, run_index: int, backend: str, combo: str) -> list[dict[str, Any]]:
-        rs = [r for r in self.per_run[run_index]
-              if r.get("backend") == backend and timing(r) and self.combo(r) == combo]
-        return sorted(rs, key=lambda r: (self.x(r) if self.swept else str(self.x(r))))
-
-    def _lines(self, value, hover_extra=None, skip_backends=(), error_bars=False) -> list[dict[str, Any]]:
+    def _lines(self, value, template: str, skip_backends=(), error_bars=False, text=None) -> list[dict[str, Any]]:
         """One trace per (run, backend, combo) of value(result, run_index) -> float|None."""
         traces = []
-        for ri in range(len(self.runs)):
-            for b in self.backends:
-                if b in skip_backends:
-                    continue
-                for ci, combo in enumerate(self.combos):
-                    pts = [(r, value(r, ri)) for r in self.series(ri, b, combo)]
-                    pts = [(r, v) for r, v in pts if v is not None]
-                    if not pts:
-                        continue
-                    trace = {
-                        "type": "scatter", "mode": "lines+markers", "name": self.name(b, ri),
-                        "legendgroup": self.name(b, ri), "x": [self.x(r) for r, _ in pts], "y": [v for _, v in pts],
-                        "line": {"color": self.colours.get(b, "#333"), "dash": DASHES[ri % len(DASHES)], "width": 2},
-                        "marker": {"symbol": SYMBOLS[ri % len(SYMBOLS)], "size": 7},
-                        "hovertext": [self.hover(r, ri, hover_extra(r, ri, v) if hover_extra else "") for r, v in pts],
-                        "hovertemplate": "%{hovertext}<extra></extra>", "meta": {"combo": ci},
-                        "visible": ci == 0,
-                    }
-                    if error_bars:
-                        ts = [timing(r) for r, _ in pts]
-                        trace["error_y"] = {
-                            "type": "data", "symmetric": False, "thickness": 1.2, "width": 3,
-                            "array": [max(0.0, (t.get("p90") or t["median"]) - t["median"]) for t in ts],
-                            "arrayminus": [max(0.0, t["median"] - (t.get("p10") or t["median"])) for t in ts],
-                        }
-                    traces.append(trace)
+        for (ri, b, ci), rs in sorted(self.groups.items()):
+            if b in skip_backends:
+                continue
+            pts = [(r, v) for r in rs for v in [value(r, ri)] if v is not None]
+            if not pts:
+                continue
+            trace = {
+                "type": "scatter", "mode": "lines+markers", "name": self.name(b, ri), "legendgroup": self.name(b, ri),
+                "x": [self.x(r) for r, _ in pts], "y": [v for _, v in pts],
+                "line": {"color": self.colours.get(b, "#333"), "dash": DASHES[ri % len(DASHES)], "width": 2},
+                "marker": {"symbol": SYMBOLS[ri % len(SYMBOLS)], "size": 7},
+                "hovertemplate": f"%{{hovertext}}<br>{template}<extra></extra>",
+                "meta": {"combo": ci, "h": [self.hid[id(r)] for r, _ in pts]}, "visible": ci == 0,
+            }
+            if text:
+                trace["text"] = [text(r, ri) for r, _ in pts]
+            if error_bars:
+                ts = [timing(r) for r, _ in pts]
+                trace["error_y"] = {
+                    "type": "data", "symmetric": False, "thickness": 1.2, "width": 3,
+                    "array": [max(0.0, (t.get("p90") or t["median"]) - t["median"]) for t in ts],
+                    "arrayminus": [max(0.0, t["median"] - (t.get("p10") or t["median"])) for t in ts],
+                }
+            traces.append(trace)
         return traces
 
     def _figure(self, title: str, y_title: str, traces: list[dict[str, Any]], y_log: bool | None = None,
-                hline: float | None = None) -> dict[str, Any]:
+                hline: float | None = None) -> dict[str, Any] | None:
+        if not traces:
+            return None
         ys = [y for t in traces for y in t["y"]]
         layout = _layout(title, self.x_title, y_title, x_log=self.x_log, categorical=not self.swept,
                          y_log=log_scale(ys) if y_log is None else y_log)
+        xs = sorted({x for t in traces for x in t["x"]}) if self.swept else []
+        if 1 < len(xs) <= 16:  # tick exactly at the swept values
+            layout["xaxis"].update(tickmode="array", tickvals=xs, ticktext=[f"{x:g}" for x in xs])
         if hline is not None:
             layout["shapes"] = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": hline, "y1": hline,
                                  "line": {"color": "#555", "width": 1, "dash": "dot"}}]
         return {"data": traces, "layout": layout}
 
-    # --- the charts -------------------------------------------------------------------------------------------------
-    def latency(self) -> dict[str, Any]:
-        traces = self._lines(lambda r, ri: timing(r)["median"], error_bars=True)
-        return self._figure(f"Latency, median with p10–p90 ({self.unit}, lower is better)", f"time ({self.unit})",
-                            traces)
+    # --- the charts ---------------------------------------------------------------------------------------------
+    def latency(self) -> dict[str, Any] | None:
+        unit = "µs" if self.unit == "us" else self.unit
+        traces = self._lines(lambda r, ri: timing(r)["median"], "", error_bars=True)
+        return self._figure(f"Latency: median, bars p10–p90 ({unit})", f"time per call ({unit})", traces)
 
     def speedup_chart(self) -> dict[str, Any] | None:
-        def value(r, ri):
-            return self.speedup[ri].get(id(r))
-
-        def extra(r, ri, v):
-            return f"<b>{v:.2f}× {esc(self.baseline)}</b>"
-
-        traces = self._lines(value, extra, skip_backends=(self.baseline,))
-        if not traces:
-            return None
-        return self._figure(f"Speedup over {self.baseline} (higher is better)", f"× {self.baseline}", traces,
-                            hline=1.0)
+        base = ptext(self.baseline)
+        traces = self._lines(lambda r, ri: self.speedup[ri].get(id(r)), f"<b>%{{y:.2f}}× faster than {base}</b>",
+                             skip_backends=(self.baseline, *NOT_A_CONTENDER))
+        return self._figure(f"Speedup over {self.baseline} (higher is better)", f"× faster than {self.baseline}",
+                            traces, hline=1.0)
 
     def throughput(self, key: str, title: str, unit: str) -> dict[str, Any] | None:
-        traces = self._lines(lambda r, ri: number(r.get(key)) or None,
-                             lambda r, ri, v: self._pct_text(r, ri) or "")
-        return self._figure(title, unit, traces) if traces else None
-
-    def _pct_text(self, r: dict[str, Any], ri: int) -> str:
-        pct = roofline_pct(r, self.runs[ri].run)
-        return f"<b>{pct[0]:.1f}% of {esc(pct[1])} roof</b>" if pct else ""
+        traces = self._lines(lambda r, ri: number(r.get(key)) or None, f"<b>%{{y:.4g}} {unit}</b>")
+        return self._figure(title, unit, traces)
 
     def energy(self) -> dict[str, Any] | None:
+        joules = [number((r.get("power") or {}).get("energy_j_per_call")) for rs in self.groups.values() for r in rs]
+        top = max((j for j in joules if j is not None), default=None)
+        if top is None:
+            return None
+        unit, scale = ("mJ", 1e3) if top >= 1e-2 else ("µJ", 1e6)
+
         def value(r, ri):
             e = number((r.get("power") or {}).get("energy_j_per_call"))
-            return e * 1e6 if e is not None else None
+            return e * scale if e is not None else None
 
-        def extra(r, ri, v):
-            p = r.get("power") or {}
-            w = number(p.get("avg_w"))
-            return (f"<b>{v:.4g} µJ/call</b>" + (f", {w:.0f} W avg" if w is not None else "")
-                    + f" ({esc(p.get('source', '?'))})")
-
-        traces = self._lines(value, extra)
-        return self._figure("Energy per call (µJ, lower is better)", "µJ / call", traces) if traces else None
+        traces = self._lines(value, f"<b>%{{y:.4g}} {unit}/call</b>")
+        return self._figure(f"Energy per call ({unit}, lower is better)", f"{unit} / call", traces)
 
     def roofline(self) -> dict[str, Any] | None:
         """Arithmetic intensity vs attained TFLOP/s, every case of the op, with the device's roofs when known."""
@@ -201,11 +223,12 @@ class OpCharts:
         for ri in range(len(self.runs)):
             for b in self.backends:
                 pts = []
-                for r in self.per_run[ri]:
-                    cost, tf = r.get("cost") or {}, number(r.get("tflops"))
-                    flops, nbytes = number(cost.get("flops")), number(cost.get("bytes"))
-                    if r.get("backend") == b and timing(r) and tf and flops and nbytes:
-                        pts.append((r, flops / nbytes, tf))
+                for ci in range(len(self.combos)):
+                    for r in self.groups.get((ri, b, ci), []):
+                        cost, tf = r.get("cost") or {}, number(r.get("tflops"))
+                        flops, nbytes = number(cost.get("flops")), number(cost.get("bytes"))
+                        if tf and flops and nbytes:
+                            pts.append((r, flops / nbytes, tf))
                 if not pts:
                     continue
                 ais += [p[1] for p in pts]
@@ -214,49 +237,49 @@ class OpCharts:
                     "x": [p[1] for p in pts], "y": [p[2] for p in pts],
                     "marker": {"color": self.colours.get(b, "#333"), "symbol": SYMBOLS[ri % len(SYMBOLS)], "size": 8,
                                "opacity": 0.8, "line": {"width": 0.5, "color": "white"}},
-                    "hovertext": [self.hover(r, ri, f"AI {ai:.3g} FLOP/B, {tf:.4g} TFLOP/s " + self._pct_text(r, ri))
-                                  for r, ai, tf in pts],
-                    "hovertemplate": "%{hovertext}<extra></extra>",
+                    "meta": {"h": [self.hid[id(r)] for r, _, _ in pts]},
+                    "hovertemplate": "%{hovertext}<br>AI %{x:.3g} FLOP/byte<extra></extra>",
                 })
         if not traces:
             return None
-        lo, hi = min(ais) / 4.0, max(ais) * 4.0
         dtype = next((r.get("dtype") for rs in self.per_run for r in rs), None)
+        ridges = [p["tflops"] * 1000.0 / p["gbps"] for run in self.runs for p in peaks(run.run, dtype).values()
+                  if p.get("tflops") and p.get("gbps")]
+        lo, hi = min(ais + ridges) / 3.0, max(ais + ridges) * 3.0  # the ridge point stays in view
         seen = set()
         for run in self.runs:
             for source, p in sorted(peaks(run.run, dtype).items()):
                 key = (source, p.get("gbps"), p.get("tflops"))
-                if key in seen:
-                    continue
-                seen.add(key)
-                traces.append(_roof_trace(p, lo, hi, f"{source} peak" + (f" · {run.label}" if len(self.runs) > 1
-                                                                           else ""), source))
-        fig = {"data": traces, "layout": _layout("Roofline: attained TFLOP/s vs arithmetic intensity (all shapes)",
+                if key not in seen:
+                    seen.add(key)
+                    suffix = f" · {run.label}" if len(self.runs) > 1 else ""
+                    traces.append(_roof_trace(p, lo, hi, f"{source} roof{suffix}", source))
+        fig = {"data": traces, "layout": _layout("Roofline, all shapes (TFLOP/s vs FLOP/byte)",
                                                  "arithmetic intensity (FLOP / byte)", "TFLOP/s",
                                                  x_log=True, y_log=True)}
+        if hi / lo >= 100:
+            fig["layout"]["xaxis"]["dtick"] = 1
         return fig
 
     def ratio_chart(self, verdicts: dict[tuple[int, int], Any]) -> dict[str, Any] | None:
         """New/base median per backend (runs 1.. against run 0); `verdicts` maps (run_index, id(result)) to Verdict."""
-        base_by_key = {(r.get("backend"), r.get("dtype"), str(sorted((r.get("params") or {}).items()))): r
-                       for r in self.per_run[0] if timing(r)}
-
-        def base_of(r):
-            return base_by_key.get((r.get("backend"), r.get("dtype"), str(sorted((r.get("params") or {}).items()))))
+        base = {match_key(r): timing(r)["median"] for rs in self.groups_of(0) for r in rs}
 
         def value(r, ri):
-            b = base_of(r)
-            return timing(r)["median"] / timing(b)["median"] if ri > 0 and b and timing(b)["median"] else None
+            b = base.get(match_key(r))
+            return timing(r)["median"] / b if ri > 0 and b else None
 
-        def extra(r, ri, v):
-            verdict = verdicts.get((ri, id(r)))
-            return f"<b>{v:.3f}× of {esc(self.runs[0].label)}</b>" + (f": {esc(verdict.verdict)}" if verdict else "")
+        def text(r, ri):
+            v = verdicts.get((ri, id(r)))
+            return ptext(v.verdict) if v else ""
 
-        traces = self._lines(value, extra)
-        if not traces:
-            return None
+        traces = self._lines(value, f"<b>%{{y:.3f}}× the time of {ptext(self.runs[0].label)}</b>: %{{text}}",
+                             text=text)
         return self._figure(f"Ratio to {self.runs[0].label} (median time, < 1 is faster)", "time ratio", traces,
                             y_log=False, hline=1.0)
+
+    def groups_of(self, run_index: int) -> list[list[dict[str, Any]]]:
+        return [rs for (ri, _, _), rs in self.groups.items() if ri == run_index]
 
     def figures(self, verdicts: dict[tuple[int, int], Any] | None = None) -> list[dict[str, Any]]:
         figs = [self.latency(), self.speedup_chart()]
@@ -269,13 +292,12 @@ class OpCharts:
     def sample_sets(self) -> list[dict[str, Any]]:
         """Raw samples of every timed case, for the on-demand distribution plot (embedded once per page)."""
         out = []
-        for ri in range(len(self.runs)):
-            for r in self.per_run[ri]:
-                t = timing(r)
-                if t and t.get("samples"):
-                    out.append({"n": self.name(str(r.get("backend")), ri), "b": r.get("backend"),
-                                "c": self.combos.index(self.combo(r)), "x": self.x(r), "run": ri,
-                                "s": [float(f"{v:.4g}") for v in t["samples"]]})
+        for (ri, b, ci), rs in sorted(self.groups.items()):
+            for r in rs:
+                samples = timing(r).get("samples")
+                if samples:
+                    out.append({"n": self.name(b, ri), "b": b, "c": ci, "x": self.x(r), "run": ri,
+                                "s": [float(f"{v:.4g}") for v in samples if math.isfinite(v)]})
         return out
 
 
@@ -285,7 +307,7 @@ def _roof_trace(p: dict[str, float], lo: float, hi: float, name: str, source: st
     if bw and top:
         xs = sorted(set(xs + [top * 1000.0 / bw]))
     ys = [min(v for v in (top, x * bw / 1000.0 if bw else None) if v is not None) for x in xs]
-    label = " ".join(x for x in (f"{bw:.0f} GB/s" if bw else "", f"{top:.0f} TFLOP/s" if top else "") if x)
-    return {"type": "scatter", "mode": "lines", "name": esc(f"{name} ({label})"), "x": xs, "y": ys,
+    label = ", ".join(x for x in (f"{bw / 1000:.2g} TB/s" if bw else "", f"{top:.0f} TF" if top else "") if x)
+    return {"type": "scatter", "mode": "lines", "name": ptext(f"{name}: {label}"), "x": xs, "y": ys,
             "hoverinfo": "name", "line": {"color": "#444", "width": 1.5, "dash": "solid" if source == "measured"
                                           else "dash"}}

@@ -16,7 +16,7 @@ from spark_bench.report.compare import (
     parse_threshold,
     print_table,
 )
-from spark_bench.report.model import ResultsError, load_runs
+from spark_bench.report.model import ResultsError, load_runs, params_text
 
 
 def _fail(command: str, message: str) -> None:
@@ -74,9 +74,8 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
     regressed = [d for d in diffs if d.regressed]
     if regressed:
         click.echo(f"REGRESSED: {len(regressed)} case(s)", err=True)
-        for d in regressed:
+        for d in sorted(regressed, key=lambda d: d.sort_key):
             v = d.verdict
             what = f"{v.ratio:.3f}x time (p={v.p_value:.1g})" if v.verdict == "slower" else v.note
-            click.echo(f"  {d.op} {d.backend} {d.dtype} {' '.join(f'{k}={x}' for k, x in sorted(d.params.items()))}: "
-                       f"{v.verdict}, {what}", err=True)
+            click.echo(f"  {d.op} {d.backend} {d.dtype} {params_text(d.params)}: {v.verdict}, {what}", err=True)
         sys.exit(1)

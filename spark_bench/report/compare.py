@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from spark_bench.report.model import RunData, match_key, number, params_text, timing
+from spark_bench.report.model import RunData, match_key, natural_key, number, params_text, timing
 from spark_bench.stats import median_ci
 
 ALPHA = 0.01
@@ -139,6 +139,10 @@ class CaseDiff:
     verdict: Verdict
 
     @property
+    def sort_key(self) -> tuple:
+        return self.op, self.backend, natural_key({"params": self.params, "dtype": self.dtype})
+
+    @property
     def regressed(self) -> bool:
         return self.verdict.verdict in REGRESSIONS
 
@@ -188,8 +192,9 @@ def tally(diffs: Sequence[CaseDiff]) -> dict[str, int]:
 
 def _metric_text(r: dict[str, Any] | None, metric: str) -> str:
     t = timing(r) if r else None
-    if t is not None and number(t.get(metric)) is not None:
-        return f"{t[metric]:.4g}"
+    v = number(t.get(metric)) if t is not None else None
+    if v is not None:
+        return f"{v:,.0f}" if v >= 1000 else f"{v:.4g}"
     return str(r.get("status")) if r else "-"
 
 
@@ -200,19 +205,21 @@ def print_table(console: Any, diffs: Sequence[CaseDiff], metric: str, threshold:
     from rich.text import Text  # plain Text cells: plugin names and params are never parsed as markup
 
     order = {"broken": 0, "slower": 1, "faster": 2, "fixed": 3, "noisy": 4, "failing": 5, "missing": 6, "new": 7}
-    rows = sorted(diffs, key=lambda d: (order.get(d.verdict.verdict, 8), d.op, d.backend, d.dtype))
+    rows = sorted(diffs, key=lambda d: (order.get(d.verdict.verdict, 8), *d.sort_key))
     shown = [d for d in rows if show_all or d.verdict.verdict != "same"]
     unit = next((t.get("unit", "us") for d in diffs for t in [timing(d.base) if d.base else None] if t), "us")
     title = f"{new_label} vs {base_label}: {metric} ({unit}), threshold ±{threshold:.0%}, p < {ALPHA}"
     table = Table(title=Text(title))
-    for col in ("op", "backend", "dtype", "params", "base", "new", "ratio", "p", "verdict"):
-        table.add_column(col, justify="right" if col in ("base", "new", "ratio", "p") else "left")
+    table.add_column("case (op backend dtype params)", overflow="fold", ratio=1)
+    for col in ("base", "new", "ratio", "p"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("verdict", no_wrap=True, min_width=7)
     for d in shown:
         v = d.verdict
         ratio = f"{v.ratio:.3f}" if v.ratio is not None else ""
         p = f"{v.p_value:.1g}" if v.p_value is not None else ""
-        cells = (d.op, d.backend, d.dtype, params_text(d.params), _metric_text(d.base, metric),
-                 _metric_text(d.new, metric), ratio, p)
+        case = f"{d.op} {d.backend} {d.dtype} {params_text(d.params)}"
+        cells = (case, _metric_text(d.base, metric), _metric_text(d.new, metric), ratio, p)
         table.add_row(*(Text(c) for c in cells), Text(v.verdict, style=VERDICT_STYLE.get(v.verdict, "")))
     if shown:
         console.print(table)

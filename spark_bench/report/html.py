@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import html
 import json
-import math
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -14,28 +14,24 @@ import plotly.offline
 
 from spark_bench.report import tables
 from spark_bench.report.assets import CSS, JS
-from spark_bench.report.charts import OpCharts, esc, palette
+from spark_bench.report.charts import OpCharts, palette, ptext
 from spark_bench.report.compare import CaseDiff, compare_runs, tally
-from spark_bench.report.model import RunData, by_op, failure_text, op_summary, params_text, problems
+from spark_bench.report.model import RunData, by_op, failure_text, op_summary, params_text, problems, timing
 
 COMPARE_THRESHOLD = 0.05
 
 
-def clean(obj: Any) -> Any:
-    """JSON-safe copy: non-finite floats become null (JSON.parse rejects NaN), tuples lists, keys strings."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean(v) for v in obj]
-    return obj
+def esc(x: Any) -> str:
+    return html.escape(str(x), quote=True)
 
 
 def script_json(obj: Any) -> str:
-    """JSON that cannot end its <script> element or open a comment: <, >, & and the JS line separators escaped."""
-    text = json.dumps(clean(obj), separators=(",", ":"), allow_nan=False, default=str, ensure_ascii=False)
-    for ch, rep in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+    """JSON that cannot end its <script> element or open a comment: <, >, & escaped, non-ASCII as \\uXXXX.
+    Non-finite numbers become null (JSON.parse rejects NaN); the round trip runs at the json module's C speed."""
+    text = json.dumps(obj, separators=(",", ":"), default=str)
+    if "NaN" in text or "Infinity" in text:
+        text = json.dumps(json.loads(text, parse_constant=lambda _: None), separators=(",", ":"))
+    for ch, rep in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):  # ASCII output: no U+2028 left
         text = text.replace(ch, rep)
     return text
 
@@ -51,18 +47,19 @@ class Markup(str):
     """HTML built here from escaped parts."""
 
 
+def _inner(c: Any) -> str:
+    return c if isinstance(c, Markup) else esc("" if c is None else c)
+
+
 def _cell(c: Any) -> str:
-    if isinstance(c, Markup):
-        return f"<td>{c}</td>"
-    if isinstance(c, (int, float)) and not isinstance(c, bool):
-        return f'<td class="num">{esc(c)}</td>'
-    return f"<td>{esc('' if c is None else c)}</td>"
+    numeric = isinstance(c, (int, float)) and not isinstance(c, bool)
+    return f'<td class="num">{esc(c)}</td>' if numeric else f"<td>{_inner(c)}</td>"
 
 
 # --- sections --------------------------------------------------------------------------------------------------------
 def environment(runs: Sequence[RunData]) -> str:
-    def row(name: str, f) -> list[Any]:
-        return [Markup(f"<b>{esc(name)}</b>")] + [f(r) for r in runs]
+    def row(name: str, f) -> tuple[str, list[Any]]:
+        return name, [f(r) for r in runs]
 
     def dev(r: RunData) -> str:
         d = r.fingerprint.get("device") or {}
@@ -110,41 +107,52 @@ def environment(runs: Sequence[RunData]) -> str:
         row("fingerprint", lambda r: fp(r).get("fingerprint_id") or "?"),
         row("cases", summary),
     ]
-    headers = [""] + [r.label for r in runs] if len(runs) > 1 else ["", ""]
-    return f'<section id="env"><h2>Environment</h2>{_table(headers, rows, "static env")}</section>'
+    if len(runs) == 1:  # one run: key/value pairs flow in columns across the page
+        pairs = "".join(f"<div><b>{esc(k)}</b><span>{_inner(v[0])}</span></div>" for k, v in rows)
+        return f'<section id="env"><h2>Environment</h2><div class="envgrid">{pairs}</div></section>'
+    table = _table([""] + [r.label for r in runs], [[Markup(f"<b>{esc(k)}</b>"), *v] for k, v in rows], "static env")
+    return f'<section id="env"><h2>Environment</h2>{table}</section>'
 
 
 def summary(runs: Sequence[RunData], baseline: str, colours: dict[str, str]) -> str:
     multi = len(runs) > 1
-    rows = []
-    for run in runs:
-        for op, results in by_op(run.results).items():
-            s = op_summary(op, results, run.run, baseline)
-            c = s["counts"]
-            fastest = Markup("<span class='muted'>none timed</span>")
-            if s.get("fastest"):
-                fastest = Markup(f'<span class="swatch" style="background:{colours.get(s["fastest"], "#333")}">'
-                                 f'</span><b>{esc(s["fastest"])}</b>')
-            if "speedup" in s:
-                speed = Markup(f"<b>{s['speedup']:.2f}×</b> <span class='muted'>geomean over {s['compared']} shapes, "
-                               f"{s['speedup_min']:.2f}–{s['speedup_max']:.2f}×</span>")
-            elif "wins" in s:
-                speed = Markup(f"<span class='muted'>no {esc(baseline)} baseline; fastest on {s['wins']}/"
-                               f"{s['shapes']} shapes</span>")
-            else:
-                speed = Markup("<span class='muted'>n/a</span>")
-            roof = f"{s['roofline'][0]:.1f}% of {s['roofline'][1]}" if s.get("roofline") else "n/a"
-            failed = sum(n for k, n in c.items() if k not in ("ok", "mismatch", "skipped"))
-            link = Markup(f'<a href="#op-{_op_anchor(op)}">{esc(op)}</a>')
-            rows.append(([run.label] if multi else []) + [link, fastest, speed, roof, s["cases"], c.get("ok", 0),
-                                                          _count(c.get("mismatch", 0)), _count(failed),
-                                                          c.get("skipped", 0)])
-    headers = (["run"] if multi else []) + ["op", "fastest correct backend", f"speedup over {baseline}",
-                                            "best % of roofline", "cases", "ok", "mismatch", "failed", "skipped"]
+    per_op = sorted((op, ri, results) for ri, run in enumerate(runs) for op, results in by_op(run.results).items())
+    rows = [_summary_row(op, runs[ri], results, baseline, colours, multi) for op, ri, results in per_op]
+    headers = ["op"] + (["run"] if multi else []) + ["fastest correct backend", f"speedup over {baseline}",
+                                                    "best % of roofline", "cases", "ok", "mismatch", "failed",
+                                                    "skipped"]
     return (f'<section id="summary"><h2>Summary</h2>{_table(headers, rows)}'
             f'<p class="muted">Fastest = highest geometric-mean speedup over <b>{esc(baseline)}</b> across the shapes '
             "both ran correctly (the fp32 reference is not a contender). Roofline % uses the stored per-case values, "
             "else GB/s and TFLOP/s against the run's measured (preferred) or datasheet peaks.</p></section>")
+
+
+def _summary_row(op: str, run: RunData, results: list, baseline: str, colours: dict[str, str],
+                 multi: bool) -> list[Any]:
+    s = op_summary(op, results, run.run, baseline)
+    c = s["counts"]
+    fastest = Markup("<span class='muted'>none timed</span>")
+    if s.get("fastest"):
+        fastest = Markup(f'<span class="swatch" style="background:{colours.get(s["fastest"], "#333")}">'
+                         f'</span><b>{esc(s["fastest"])}</b>')
+    if s.get("fastest") == baseline:
+        nxt = s.get("runner_up")
+        speed = Markup("<span class='muted'>the baseline is fastest"
+                       + (f"; next {esc(nxt[0])} at {nxt[1]:.2f}× (geomean)" if nxt else "") + "</span>")
+    elif "speedup" in s:
+        speed = Markup(f"<b>{s['speedup']:.2f}×</b> <span class='muted'>geomean over {s['compared']} shapes, "
+                       f"{s['speedup_min']:.2f}–{s['speedup_max']:.2f}×</span>")
+    elif "wins" in s:
+        speed = Markup(f"<span class='muted'>no {esc(baseline)} baseline; fastest on {s['wins']}/"
+                       f"{s['shapes']} shapes</span>")
+    else:
+        speed = Markup("<span class='muted'>n/a</span>")
+    roof = f"{s['roofline'][0]:.1f}% of {s['roofline'][1]}" if s.get("roofline") else "n/a"
+    failed = sum(n for k, n in c.items() if k not in ("ok", "mismatch", "skipped"))
+    link = Markup(f'<a href="#op-{_op_anchor(op)}">{esc(op)}</a>')
+    return [link] + ([run.label] if multi else []) + [fastest, speed, roof, s["cases"], c.get("ok", 0),
+                                                      _count(c.get("mismatch", 0)), _count(failed),
+                                                      c.get("skipped", 0)]
 
 
 def _count(n: int) -> Markup:
@@ -205,19 +213,23 @@ def op_section(index: int, charts: OpCharts, verdicts: dict, data: dict[str, Any
         data["figs"].append({"id": fid, "fig": fig})
         divs.append(f'<div id="{fid}"></div>')
     data["samples"][key] = charts.sample_sets()
+    unit = "µs" if charts.unit == "us" else charts.unit
     data["boxLayout"][key] = {
-        "title": {"text": f"<b>Raw samples per {esc(charts.x_title)}</b>", "x": 0.01, "xanchor": "left"},
+        "title": {"text": f"<b>Raw samples per {ptext(charts.x_title)}</b>", "x": 0.01, "xanchor": "left"},
         "boxmode": "group", "height": 380, "margin": {"l": 60, "r": 10, "t": 36, "b": 44},
-        "xaxis": {"title": {"text": esc(charts.x_title)}, "type": "category"},
-        "yaxis": {"title": {"text": f"time ({esc(charts.unit)})"}, "type": "log"}, "plot_bgcolor": "white"}
+        "xaxis": {"title": {"text": ptext(charts.x_title)}, "type": "category"},
+        "yaxis": {"title": {"text": f"time per call ({ptext(unit)})"}, "type": "log", "dtick": 1},
+        "plot_bgcolor": "white"}
     controls = [f"<span class='muted'>swept: <b>{esc(charts.swept or 'none')}</b></span>"]
     if charts.swept and len(charts.combos) > 1:
         options = "".join(f'<option value="{i}">{esc(c)}</option>' for i, c in enumerate(charts.combos))
         controls.append(f'<label>other parameters: <select class="sb-combo" data-op="{key}">{options}</select></label>')
     elif charts.swept:
         controls.append(f"<span class='muted'>at {esc(charts.combos[0])}</span>")
-    legend = " ".join(f'<span><span class="swatch" style="background:{charts.colours.get(b, "#333")}"></span>'
-                      f"{esc(b)}</span>" for b in charts.backends)
+    timed = {r.get("backend") for rs in charts.per_run for r in rs if timing(r)}
+    legend = " ".join(f'<span class="{"" if b in timed else "muted"}"><span class="swatch" style="background:'
+                      f'{charts.colours.get(b, "#333")}"></span>{esc(b)}{"" if b in timed else " (not timed)"}</span>'
+                      for b in charts.backends)
     controls.append(f"<span>{legend}</span>")
     body = (f'<div class="grid" data-op-figs="{key}">{"".join(divs)}</div>' if divs
             else "<p class='muted'>No timed case of this op: see the failures above.</p>")
@@ -234,14 +246,14 @@ def render(runs: Sequence[RunData], baseline: str = "torch") -> str:
     everything = [r for run in runs for r in run.results]
     colours = palette([str(r.get("backend")) for r in everything])
     ops = sorted({str(r.get("op")) for r in everything})
-    data: dict[str, Any] = {"figs": [], "samples": {}, "boxLayout": {}, "colours": colours, "tables": {}}
+    data: dict[str, Any] = {"figs": [], "hover": [], "samples": {}, "boxLayout": {}, "colours": colours, "tables": {}}
     diffs = {ri: compare_runs(runs[0], runs[ri], COMPARE_THRESHOLD) for ri in range(1, len(runs))}
     verdicts = {(ri, id(d.new)): d.verdict for ri, ds in diffs.items() for d in ds if d.new is not None}
-    sections = [environment(runs), summary(runs, baseline, colours), problems_section(runs)]
+    sections = [summary(runs, baseline, colours), problems_section(runs), environment(runs)]
     if diffs:
         sections.append(comparison(runs, diffs, data))
     for i, op in enumerate(ops):
-        sections.append(op_section(i, OpCharts(op, runs, colours, baseline), verdicts, data))
+        sections.append(op_section(i, OpCharts(op, runs, colours, baseline, hovers=data["hover"]), verdicts, data))
     data["tables"]["cases"] = tables.cases_table(runs, baseline)
     sections.append('<section id="cases"><h2>All cases</h2><div data-table="cases"></div></section>')
     nav = "".join(f'<a href="#op-{_op_anchor(op)}">{esc(op)}</a>' for op in ops)
@@ -254,7 +266,7 @@ def render(runs: Sequence[RunData], baseline: str = "torch") -> str:
         "'unsafe-eval'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:\">",
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
         f'<header class="top"><b>spark-bench</b><span>{esc(", ".join(r.label for r in runs))}</span>'
-        f'<a href="#summary">summary</a><a href="#problems">failures</a>'
+        f'<a href="#summary">summary</a><a href="#problems">failures</a><a href="#env">environment</a>'
         + ('<a href="#compare">comparison</a>' if diffs else "") + f'<a href="#cases">all cases</a>{nav}'
         f'<span class="muted" style="margin-left:auto">generated {when}</span></header><main>',
         *sections, "</main>",

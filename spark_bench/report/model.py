@@ -116,6 +116,13 @@ def swept_axis(results: Sequence[dict[str, Any]]) -> str | None:
     return max(multi, key=lambda k: (len(values[k]), -rank.get(k, len(rank)), k))
 
 
+def natural_key(r: dict[str, Any]) -> tuple:
+    """Order cases by their parameters with numbers as numbers (heads=4 before heads=16), then dtype."""
+    items = sorted((r.get("params") or {}).items())
+    key = tuple((k, (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))) for k, v in items)
+    return key, str(r.get("dtype"))
+
+
 def combo_key(r: dict[str, Any], swept: str | None) -> str:
     """Every parameter but the swept one, plus the dtype: one chart per combination."""
     return f"{params_text(r.get('params') or {}, skip=[swept] if swept else [])} {r.get('dtype')}".strip()
@@ -216,9 +223,12 @@ def op_summary(op: str, results: Sequence[dict[str, Any]], run: dict[str, Any], 
             per_backend[r["backend"]].append(sp[id(r)])
     summary: dict[str, Any] = {"op": op, "counts": dict(counts), "cases": len(results), "baseline": baseline}
     if per_backend:
-        best = max(per_backend, key=lambda b: (geomean(per_backend[b]), b))
-        xs = per_backend[best]
-        summary.update(fastest=best, speedup=geomean(xs), speedup_min=min(xs), speedup_max=max(xs), compared=len(xs))
+        ranked = sorted(per_backend, key=lambda b: (geomean(per_backend[b]), b), reverse=True)
+        xs = per_backend[ranked[0]]
+        summary.update(fastest=ranked[0], speedup=geomean(xs), speedup_min=min(xs), speedup_max=max(xs),
+                       compared=len(xs))
+        if len(ranked) > 1:
+            summary["runner_up"] = (ranked[1], geomean(per_backend[ranked[1]]))
     else:
         wins: dict[str, int] = defaultdict(int)
         fastest_at: dict[str, tuple[float, str]] = {}

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from spark_bench.report.compare import CaseDiff
-from spark_bench.report.model import RunData, failure_text, number, params_text, roofline_pct, speedups, timing
+from spark_bench.report.model import (
+    RunData,
+    failure_text,
+    natural_key,
+    number,
+    params_text,
+    roofline_pct,
+    speedups,
+    timing,
+)
+
+SEVERITY = {"broken": 0, "slower": 1, "failing": 2, "noisy": 3, "missing": 4, "faster": 5, "fixed": 6, "new": 7}
 
 
 def _col(name: str, title: str = "", **kw: Any) -> dict[str, Any]:
@@ -29,7 +41,7 @@ def cases_table(runs: Sequence[RunData], baseline: str) -> dict[str, Any]:
         sp = {}
         for op_results in _group(run.results).values():
             sp.update(speedups(op_results, baseline))
-        for r in run.results:
+        for r in sorted(run.results, key=lambda r: (str(r.get("op")), natural_key(r), str(r.get("backend")))):
             t = timing(r) or {}
             med = number(t.get("median"))
             iqr = number(t.get("iqr"))
@@ -63,7 +75,7 @@ def comparison_table(runs: Sequence[RunData], diffs: dict[int, list[CaseDiff]]) 
     ]
     rows = []
     for ri, ds in diffs.items():
-        for d in ds:
+        for d in sorted(ds, key=lambda d: (SEVERITY.get(d.verdict.verdict, 9), -abs(math.log(d.verdict.ratio or 1.0)))):
             v = d.verdict
             tb, tn = (timing(d.base) if d.base else None), (timing(d.new) if d.new else None)
             rows.append(([runs[ri].label] if multi else []) + [

@@ -1,0 +1,200 @@
+"""`spark-bench compare`: the robust verdicts on synthetic samples, and the command's exit codes on synthetic runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+import report_fixtures as fx  # noqa: E402
+
+from spark_bench.report.cli import compare  # noqa: E402
+from spark_bench.report.compare import (  # noqa: E402
+    CompareError,
+    case_verdict,
+    mann_whitney,
+    parse_threshold,
+    rel_iqr,
+    timing_verdict,
+)
+
+
+def timing(samples) -> dict:
+    return fx.timing_of(np.asarray(samples, dtype=float))
+
+
+# --- statistics ------------------------------------------------------------------------------------------------------
+def test_mann_whitney_by_hand():
+    # U of a = 0; mean 4.5, variance 3*3*7/12 = 5.25; z = (4.5 - 0.5) / sqrt(5.25)
+    u, p = mann_whitney([1, 2, 3], [4, 5, 6])
+    assert u == 0
+    assert p == pytest.approx(math.erfc(4.0 / math.sqrt(5.25) / math.sqrt(2)), rel=1e-12)
+    assert mann_whitney([4, 5, 6], [1, 2, 3]) == (9, p)  # U of a and U of b sum to n1*n2
+    assert mann_whitney([2.0] * 5, [2.0] * 7)[1] == 1.0  # all tied: no evidence at all
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mann_whitney_matches_scipy(seed):
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(seed)
+    a = np.round(rng.normal(10, 1, 37), 1)  # rounded: plenty of ties
+    b = np.round(rng.normal(10.4, 1, 23), 1)
+    ref = stats.mannwhitneyu(a, b, alternative="two-sided", method="asymptotic", use_continuity=True)
+    u, p = mann_whitney(a, b)
+    assert u == pytest.approx(ref.statistic)
+    assert p == pytest.approx(ref.pvalue, rel=1e-9)
+
+
+def test_parse_threshold():
+    assert parse_threshold("5%") == pytest.approx(0.05)
+    assert parse_threshold("0.05") == pytest.approx(0.05)
+    assert parse_threshold("12.5") == pytest.approx(0.125)
+    for bad in ("five", "0", "-3%"):
+        with pytest.raises(CompareError):
+            parse_threshold(bad)
+
+
+# --- verdicts on synthetic samples ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(4))
+def test_clear_speedup_and_regression(seed):
+    rng = np.random.default_rng(seed)
+    base = timing(fx.draw(rng, 100.0, n=50))
+    faster = timing_verdict(base, timing(fx.draw(rng, 70.0, n=50)), threshold=0.05)
+    slower = timing_verdict(base, timing(fx.draw(rng, 120.0, n=50)), threshold=0.05)
+    assert faster.verdict == "faster" and faster.ratio == pytest.approx(0.7, rel=0.05) and faster.p_value < 1e-6
+    assert slower.verdict == "slower" and slower.ratio == pytest.approx(1.2, rel=0.05) and slower.p_value < 1e-6
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pure_noise_is_same(seed):
+    rng = np.random.default_rng(seed)
+    v = timing_verdict(timing(fx.draw(rng, 50.0, n=60)), timing(fx.draw(rng, 50.0, n=60)), threshold=0.05)
+    assert v.verdict == "same", v
+    assert v.ratio_lo < 1.0 < v.ratio_hi or v.p_value < 0.01
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_significant_shift_below_threshold_is_same(seed):
+    rng = np.random.default_rng(seed)
+    base = timing(50.0 * np.exp(rng.normal(0, 0.01, 400)))
+    new = timing(51.0 * np.exp(rng.normal(0, 0.01, 400)))  # +2%: real, but under the 5% threshold
+    v = timing_verdict(base, new, threshold=0.05)
+    assert v.p_value < 1e-6 and v.ratio == pytest.approx(1.02, abs=0.005)
+    assert v.verdict == "same"
+    assert timing_verdict(base, new, threshold=0.01).verdict == "slower"  # the same shift over a 1% threshold
+
+
+def test_wide_spread_is_noisy_not_slower():
+    rng = np.random.default_rng(7)
+    base = timing(40.0 * np.exp(rng.normal(0, 0.4, 8)))
+    new = timing(44.0 * np.exp(rng.normal(0, 0.4, 8)))
+    v = timing_verdict(base, new, threshold=0.05)
+    assert rel_iqr(new["samples"]) > 0.2
+    assert v.verdict == "noisy" and "reaches past" in v.note
+
+
+def test_without_raw_samples_the_stored_cis_decide():
+    base = {"median": 100.0, "ci_low": 99.0, "ci_high": 101.0}
+    assert timing_verdict(base, {"median": 120.0, "ci_low": 119.0, "ci_high": 121.0}, 0.05).verdict == "slower"
+    assert timing_verdict(base, {"median": 100.5, "ci_low": 99.5, "ci_high": 101.5}, 0.05).verdict == "same"
+
+
+def test_correctness_changes():
+    ok = fx.case("kda.gate", "triton", {"tokens": 3}, samples=fx.draw(np.random.default_rng(0), 5.0))
+    bad = fx.case("kda.gate", "triton", {"tokens": 3}, status="mismatch", error="err_ratio 0.4 > 0.01")
+    assert case_verdict(ok, bad, 0.05).verdict == "broken"
+    assert "mismatch" in case_verdict(ok, bad, 0.05).note
+    assert case_verdict(bad, ok, 0.05).verdict == "fixed"
+    assert case_verdict(bad, bad, 0.05).verdict == "failing"
+    assert case_verdict(ok, None, 0.05).verdict == "missing"
+    assert case_verdict(None, ok, 0.05).verdict == "new"
+
+
+# --- the command ----------------------------------------------------------------------------------------------------
+def invoke(*args: str):
+    return CliRunner().invoke(compare, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_rerun_of_same_build_exits_0(tmp_path):
+    a = fx.standard_run(tmp_path / "a", seed=0)
+    b = fx.standard_run(tmp_path / "b", seed=1, run_id="run-b")  # same true latencies, different draws
+    res = invoke(a, b)
+    assert res.exit_code == 0, res.output
+    assert "slower" not in res.output and "REGRESSED" not in res.output
+    assert "matched cases" in res.output
+
+
+def test_injected_regression_exits_1_and_lists_it(tmp_path):
+    a = fx.standard_run(tmp_path / "a", seed=0)
+    b = fx.standard_run(tmp_path / "b", seed=1, run_id="run-b", scale={"triton": 1.2})
+    res = invoke(a, b, "--threshold", "5%")
+    assert res.exit_code == 1, res.output
+    listed = [line for line in res.output.splitlines() if line.startswith("  ") and "slower" in line]
+    assert len(listed) == 16  # triton: 2 ops x 2 head counts x 4 token counts; nothing else moved
+    assert all(" triton " in line for line in listed)
+    # a threshold above the injected 20% lets it pass
+    assert invoke(a, b, "--threshold", "25%").exit_code == 0
+
+
+def test_new_correctness_failure_is_a_regression(tmp_path):
+    rng = np.random.default_rng(0)
+    params = {"tokens": 17}
+    a = fx.write_run(tmp_path / "a", [fx.case("kda.gate", "triton", params, samples=fx.draw(rng, 5.0))])
+    b = fx.write_run(tmp_path / "b", [fx.case("kda.gate", "triton", params, status="crash", error="signal 11")],
+                     run_id="run-b")
+    res = invoke(a, b)
+    assert res.exit_code == 1
+    assert "broken" in res.output and "signal 11" in res.output
+
+
+def test_different_device_is_refused_unless_allowed(tmp_path):
+    a = fx.standard_run(tmp_path / "a", seed=0)
+    b = fx.standard_run(tmp_path / "b", seed=1, run_id="run-b", fingerprint_id="fp-b200",
+                        device={**fx.H200, "name": "NVIDIA B200"})
+    res = invoke(a, b)
+    assert res.exit_code == 2
+    assert len(res.output.strip().splitlines()) == 1 and "--allow-different-device" in res.output
+    assert invoke(a, b, "--allow-different-device").exit_code == 0
+
+
+@pytest.mark.parametrize("breakage", ["missing", "not_json", "bad_line", "other_schema"])
+def test_usage_errors_exit_2_with_one_line(tmp_path, breakage):
+    a = fx.standard_run(tmp_path / "a", seed=0)
+    b = fx.standard_run(tmp_path / "b", seed=1, run_id="run-b")
+    if breakage == "missing":
+        b = tmp_path / "nope"
+    elif breakage == "not_json":
+        (b / "run.json").write_text("{not json")
+    elif breakage == "bad_line":
+        lines = (b / "results.jsonl").read_text().splitlines()
+        lines[3] = "{garbage"
+        (b / "results.jsonl").write_text("\n".join(lines) + "\n")
+    else:
+        run = json.loads((b / "run.json").read_text())
+        (b / "run.json").write_text(json.dumps({**run, "schema_version": 99}))
+    res = invoke(a, b)
+    assert res.exit_code == 2
+    assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+
+
+def test_bad_threshold_is_a_usage_error(tmp_path):
+    a = fx.standard_run(tmp_path / "a", seed=0)
+    res = invoke(a, a, "--threshold", "lots")
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
+
+
+def test_html_writes_the_comparison_report(tmp_path):
+    a = fx.standard_run(tmp_path / "a", seed=0)
+    b = fx.standard_run(tmp_path / "b", seed=1, run_id="run-b", commit="9b8c7d6e5f", scale={"torch": 0.8})
+    out = tmp_path / "cmp.html"
+    res = invoke(a, b, "--html", out, "--metric", "min")
+    assert res.exit_code == 0, res.output  # torch got faster: not a regression
+    assert "faster" in res.output
+    text = out.read_text()
+    assert 'id="compare"' in text and "9b8c7d6e vs 3f2a1c9d" in text

@@ -1,0 +1,253 @@
+"""The report in a real browser: headless Chromium, networking off, driven over the DevTools protocol on a pipe
+(--remote-debugging-pipe: NUL-separated JSON on fds 3/4, no websocket library needed).
+
+Run `python tests/test_report_browser.py OUT.png` to regenerate docs/report-screenshot.png from the fixture runs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import report_fixtures as fx  # noqa: E402
+
+from spark_bench.report import write_report  # noqa: E402
+
+CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
+PAYLOAD = '<script>window.pwned=1;document.title="pwned"</script><img src=x onerror="window.pwned=2">'
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--disable-extensions", "--disable-dev-shm-usage",
+         "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=127.0.0.1:9", "--remote-debugging-pipe"]
+LOCAL = ("file:", "data:", "blob:", "about:")
+
+
+class Browser:
+    """A headless Chromium with one page; send(method, **params) -> result; events are collected in `events`."""
+
+    def __init__(self, binary: str, width: int = 1400, height: int = 900):
+        self.profile = tempfile.mkdtemp(prefix="sb-chromium-")
+        to_browser_r, self._w = os.pipe()
+        self._r, from_browser_w = os.pipe()
+
+        def wire_fds() -> None:  # the browser reads commands on fd 3 and writes replies on fd 4
+            a, b = fcntl.fcntl(to_browser_r, fcntl.F_DUPFD, 10), fcntl.fcntl(from_browser_w, fcntl.F_DUPFD, 10)
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+
+        self.proc = subprocess.Popen([binary, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
+                                     preexec_fn=wire_fds, close_fds=False, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        os.close(to_browser_r)
+        os.close(from_browser_w)
+        self.replies: queue.Queue = queue.Queue()
+        self.events: list[dict[str, Any]] = []
+        self._next_id = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        target = self.send("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        for domain in ("Runtime", "Log", "Network", "Page"):
+            self.send(f"{domain}.enable")
+        self.send("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+
+    def _read(self) -> None:
+        buf = b""
+        while True:
+            chunk = os.read(self._r, 1 << 16)
+            if not chunk:
+                return
+            buf += chunk
+            *messages, buf = buf.split(b"\0")
+            for m in messages:
+                msg = json.loads(m)
+                (self.replies.put(msg) if "id" in msg else self.events.append(msg))
+
+    def send(self, method: str, timeout: float = 30.0, **params: Any) -> dict[str, Any]:
+        self._next_id += 1
+        msg: dict[str, Any] = {"id": self._next_id, "method": method, "params": params}
+        if getattr(self, "session", None) and not method.startswith(("Target.", "Browser.")):
+            msg["sessionId"] = self.session
+        os.write(self._w, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                reply = self.replies.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"chromium did not answer {method} within {timeout}s "
+                                   f"(exit status {self.proc.poll()})") from None
+            if reply["id"] == self._next_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply["result"]
+
+    def eval(self, expression: str) -> Any:
+        r = self.send("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"evaluation failed: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 30.0) -> Any:
+        """Poll a JS expression until it is truthy; returns its value."""
+        deadline = time.monotonic() + timeout
+        while not (value := self.eval(expression)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{expression!r} still false after {timeout}s: {self.problems()}")
+            time.sleep(0.1)
+        return value
+
+    def open(self, path: Path, timeout: float = 60.0) -> None:
+        """Load the page and wait until the report script has drawn every figure."""
+        self.events.clear()
+        self.send("Page.navigate", url=path.resolve().as_uri())
+        self.wait_for("!!(window.sparkBench && window.sparkBench.done)", timeout)
+
+    def problems(self) -> list[str]:
+        """Console errors, uncaught exceptions, log errors (CSP violations included) and non-local requests."""
+        out = []
+        for e in self.events:
+            m, p = e.get("method"), e.get("params", {})
+            if m == "Runtime.exceptionThrown":
+                out.append(f"exception: {p['exceptionDetails'].get('exception', {}).get('description')}")
+            elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+                out.append(f"console.{p['type']}: {[a.get('value', a.get('description')) for a in p['args']]}")
+            elif m == "Log.entryAdded" and p["entry"]["level"] == "error":
+                out.append(f"log: {p['entry']['text']}")
+            elif m == "Network.requestWillBeSent" and not p["request"]["url"].startswith(LOCAL):
+                out.append(f"network request: {p['request']['url']}")
+        return out
+
+    def screenshot(self, out: Path, height: int | None = None) -> Path:
+        params: dict[str, Any] = {"format": "png"}
+        if height:
+            params.update(captureBeyondViewport=True, clip={"x": 0, "y": 0, "width": 1400, "height": height,
+                                                            "scale": 1})
+        import base64
+
+        out.write_bytes(base64.b64decode(self.send("Page.captureScreenshot", **params)["data"]))
+        return out
+
+    def close(self) -> None:
+        try:
+            self.send("Browser.close", timeout=5)
+        except Exception:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        os.close(self._w)
+        self._reader.join(timeout=5)  # EOF once the browser is gone
+        os.close(self._r)
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+PLOTS = """(() => {
+  const plots = [...document.querySelectorAll('div.js-plotly-plot')].filter(d => d.querySelector('svg.main-svg'));
+  return {plots: plots.length, expected: window.sparkBench.expected, errors: window.sparkBench.errors,
+          legends: [...new Set(plots.flatMap(d => [...d.querySelectorAll('.legendtext')].map(t => t.textContent)))],
+          title: document.title, pwned: window.pwned === undefined ? null : window.pwned};
+})()"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if CHROMIUM is None:
+        pytest.skip("no chromium binary found (apt-get install chromium)")
+    b = Browser(CHROMIUM)
+    yield b
+    b.close()
+
+
+def test_report_renders_offline(browser, tmp_path):
+    a = fx.standard_run(tmp_path / "a", seed=0)
+    page = write_report([a], tmp_path / "report.html")
+    browser.open(page)
+    state = browser.eval(PLOTS)
+    assert browser.problems() == []
+    assert state["errors"] == []
+    # 2 ops x (latency, speedup, GB/s, TFLOP/s, roofline, energy)
+    assert state["plots"] == state["expected"] == 12
+    for backend in ("triton", "torch", "torch_compile", "reference"):
+        assert backend in state["legends"]
+    hover = browser.eval("""(() => { const gd = document.querySelector('#op0-fig0');
+        Plotly.Fx.hover(gd, [{curveNumber: 0, pointNumber: 1}]);
+        return [...gd.querySelectorAll('.hovertext')].map(h => h.textContent).join(' '); })()""")
+    assert "tokens=16" in hover and "timer cuda-event" in hover and "median" in hover
+    browser.screenshot(tmp_path / "report.png")
+    assert (tmp_path / "report.png").stat().st_size > 10_000
+
+    # the combination selector switches every chart of the op; the raw-sample box plot draws on demand
+    shown = """(sel) => [...document.querySelectorAll('[data-op-figs="op0"] .js-plotly-plot')][0].data
+                 .filter(t => t.visible === true).map(t => t.meta.combo)"""
+    assert set(browser.eval(f"({shown})()")) == {0}
+    browser.eval("""(() => { const s = document.querySelector('select.sb-combo[data-op="op0"]');
+                   s.value = '1'; s.dispatchEvent(new Event('change')); })()""")
+    assert set(browser.eval(f"({shown})()")) == {1}
+    browser.eval("""document.querySelector('details.sb-box[data-op="op0"]').open = true""")
+    boxes = """document.querySelectorAll('details.sb-box[data-op="op0"] g.trace.boxes').length"""
+    assert browser.wait_for(boxes) == 4  # one per timed backend of the selected combination
+
+    # the table filters and sorts
+    rows = """document.querySelectorAll('[data-table="cases"] tbody tr')"""
+    browser.eval("""(() => { const i = document.querySelector('[data-table="cases"] input');
+                   i.value = 'status:mismatch'; i.dispatchEvent(new Event('input')); })()""")
+    assert browser.eval(f"{rows}.length") == 1
+    browser.eval("""(() => { const i = document.querySelector('[data-table="cases"] input');
+                   i.value = 'backend=triton tokens=4096'; i.dispatchEvent(new Event('input')); })()""")
+    # 'backend=' is an exact column match; 'tokens=4096' names no column, so it is text found in params:
+    # 2 ops x 2 head counts, plus the mismatching triton case at tokens=4096
+    assert browser.eval(f"{rows}.length") == 5
+    assert browser.problems() == []
+
+
+def test_hostile_names_run_no_script(browser, tmp_path):
+    rng = fx.np.random.default_rng(3)
+    results = []
+    for backend in ("triton", PAYLOAD):
+        for t in (8, 64, 512):
+            results.append(fx.case(f"kda.{PAYLOAD}", backend, {"tokens": t, "format": PAYLOAD},
+                                   samples=fx.draw(rng, 10.0 + t / 50), flops=1e6 * t, nbytes=1e5 * t))
+    results.append(fx.case(f"kda.{PAYLOAD}", PAYLOAD, {"tokens": 1, "format": PAYLOAD}, status="error",
+                           error=f"</script>{PAYLOAD}<!--"))
+    run = fx.write_run(tmp_path / "evil", results, run_id=PAYLOAD, commit=PAYLOAD)
+    page = write_report([run], tmp_path / "evil.html", baseline=PAYLOAD)
+    text = page.read_text()
+    assert "<script>window.pwned" not in text and "<img src=x" not in text
+    browser.open(page)
+    state = browser.eval(PLOTS)
+    assert state["pwned"] is None and state["title"] != "pwned"
+    assert browser.problems() == []
+    assert state["plots"] == state["expected"] >= 3
+    assert PAYLOAD in state["legends"]  # shown as text, not markup
+    assert browser.eval("document.querySelectorAll('main img').length") == 0
+
+
+if __name__ == "__main__":  # regenerate the docs screenshot
+    if CHROMIUM is None:
+        sys.exit("no chromium binary found")
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/report-screenshot.png")
+    with tempfile.TemporaryDirectory() as tmp:
+        a = fx.standard_run(Path(tmp) / "results" / "20261130-101500-cuda-3f2a", seed=0,
+                            run_id="20261130-101500-cuda-3f2a")
+        page = write_report([a], Path(tmp) / "report.html")
+        b = Browser(CHROMIUM, height=int(sys.argv[2]) if len(sys.argv) > 2 else 1500)
+        try:
+            b.open(page)
+            print(b.problems())
+            b.screenshot(out)
+        finally:
+            b.close()
+    print(out)
