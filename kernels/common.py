@@ -3,10 +3,13 @@
 INTERPRET: True under TRITON_INTERPRET=1 (CPU tensors). Pass it as the `UPCAST_DOT` constexpr of any kernel that
 calls tl.dot: triton 3.9's interpreter multiplies the raw bit patterns of bf16 operands (triton issue #11584), so
 kernels upcast dot operands to fp32 when interpreting, and keep bf16 operands on the GPU.
+The interpreter also casts fp32 to bf16 by truncation (even with fp_downcast_rounding="rtne"); kernels that store bf16
+pass ROUND=rounds_bf16(out.dtype) and store round_bf16(x, ROUND), which rounds to nearest there and is a no-op on GPUs.
 """
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -29,3 +32,18 @@ def softplus(x):
     """log(1 + exp(x)) = max(x, 0) + log(1 + exp(-|x|)); equals x beyond 20 like torch's threshold."""
     sp = tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
     return tl.where(x > 20.0, x, sp)
+
+
+@triton.jit
+def round_bf16(x, ROUND: tl.constexpr):
+    """x (fp32) rounded to the nearest bf16 (ties to even) when ROUND: triton 3.9's interpreter casts fp32 to bf16
+    by truncation (error ratio ~4e-3), the GPU rounds. Pass ROUND=rounds_bf16(out_dtype); a no-op on the GPU."""
+    if ROUND:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+        x = bits.to(tl.float32, bitcast=True)
+    return x
+
+
+def rounds_bf16(dtype: torch.dtype) -> bool:
+    return INTERPRET and dtype == torch.bfloat16

@@ -109,15 +109,19 @@ def _poison(t: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def poisoned_allocations() -> Iterator[None]:
+def poisoned_allocations(patch_torch: bool = True) -> Iterator[None]:
     """While active, torch.empty / empty_like / empty_strided / Tensor.new_empty return NaN-filled (float) or
-    max-filled (integer) tensors, and freed CUDA cache blocks are NaN-filled, so unwritten elements show up."""
+    max-filled (integer) tensors (unless patch_torch is False: torch.compile'd callables), and freed CUDA cache blocks
+    are NaN-filled, so unwritten elements show up."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         free = torch.cuda.mem_get_info()[0]
         with contextlib.suppress(RuntimeError):
             blob = torch.empty(int(min(free * 0.25, 1 << 30)) // 4, dtype=torch.float32, device="cuda")
             blob.fill_(float("nan"))
             del blob
+    if not patch_torch:
+        yield
+        return
     originals = {name: getattr(torch, name) for name in ("empty", "empty_like", "empty_strided")}
     original_new_empty = torch.Tensor.new_empty
 

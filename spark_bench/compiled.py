@@ -55,5 +55,5 @@ def add_torch_compile(op: Op, source: str = "torch", name: str = "torch_compile"
     def combined_probe(device: str) -> str | None:
         return (probe(device) if probe else None) or _torch_compile_probe(device)
 
-    return op.add_backend(Backend(name, not_set_up, probe=combined_probe, setup=setup,
+    return op.add_backend(Backend(name, not_set_up, probe=combined_probe, setup=setup, traced=True,
                                   doc=f"torch.compile({source}), {options}"))

@@ -111,6 +111,8 @@ class Backend:
     stages: stages(inputs) -> [(stage_name, zero-arg callable), ...] for composite ops (a whole block or layer):
         each callable runs one stage on precomputed intermediates; the runner times each one like the case itself
         and stores the per-stage breakdown with the result.
+    traced: the callable is traced by torch.compile. The check then poisons only the CUDA caching allocator, not
+        torch.empty & co. (swapping those functions would fail Dynamo's guards and recompile inside the check).
     """
 
     name: str
@@ -121,6 +123,7 @@ class Backend:
     default: bool = True
     doc: str = ""
     stages: Callable[[dict[str, Any]], list[tuple[str, Callable[[], Any]]]] | None = None
+    traced: bool = False
 
     def unavailable(self, device: str) -> str | None:
         """Why this backend cannot run on `device`, or None when it can."""

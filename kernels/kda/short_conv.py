@@ -1,0 +1,131 @@
+"""KDA causal depthwise short conv + SiLU over concat([q, k, v]), prefill (varlen) and decode (state pool).
+
+Conv state = the W-1 PRE-conv inputs before the first token of a sequence, [N, D, W-1] (vLLM/sglang semantics,
+kda.md pitfall 6); column W-1 of the weight multiplies the current token:
+
+    xp = cat([state.T, x_seq], 0);   y[t] = silu(sum_j weight[:, j] * xp[t + j]);   new_state = xp[-(W-1):].T
+
+Prefill: one program per BT tokens x BD channels finds each token's sequence by a binary search of cu_seqlens
+(no host sync, so the launch is graph-capturable); N extra programs write the new states. Decode: one program per
+(sequence, BD channels) reads its slot of the pool, writes y and shifts the slot in place. fp32 math throughout.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from spark_bench.kernels.common import INTERPRET, next_pow2, round_bf16, rounds_bf16, row_block
+
+
+@triton.jit
+def _short_conv_prefill(x, weight, state, cu_seqlens, y, new_state, T, D, N, n_token_blocks,
+                        W: tl.constexpr, HAS_STATE: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                        BT: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr, ROUND: tl.constexpr):
+    i_d = tl.program_id(0)
+    i_t = tl.program_id(1)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    if i_t < n_token_blocks:
+        o_t = i_t * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        # sequence of each token: the largest n with cu_seqlens[n] <= t (invariant cu[lo] <= t < cu[hi])
+        lo = tl.zeros([BT], dtype=tl.int32)
+        hi = tl.zeros([BT], dtype=tl.int32) + N
+        for _ in tl.static_range(SEARCH_STEPS):
+            mid = (lo + hi) // 2
+            right = tl.load(cu_seqlens + mid) <= o_t
+            lo = tl.where(right, mid, lo)
+            hi = tl.where(right, hi, mid)
+        pos = o_t - tl.load(cu_seqlens + lo)  # position inside the sequence
+        state_row = (lo.to(tl.int64)[:, None] * D + o_d[None, :]) * (W - 1)
+        acc = tl.zeros([BT, BD], dtype=tl.float32)
+        for j in tl.static_range(W):
+            w_j = tl.load(weight + o_d * W + j, mask=m_d, other=0.0).to(tl.float32)
+            from_x = pos + j >= W - 1  # else xp[pos + j] is state column pos + j
+            p_x = x + (o_t + j - (W - 1)).to(tl.int64)[:, None] * D + o_d[None, :]
+            xv = tl.load(p_x, mask=(m_t & from_x)[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+            if HAS_STATE:
+                p_s = state + state_row + (pos + j)[:, None]
+                xv += tl.load(p_s, mask=(m_t & (pos + j < W - 1))[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+            acc += xv * w_j[None, :]
+        out = round_bf16(acc * tl.sigmoid(acc), ROUND)
+        p_y = y + o_t.to(tl.int64)[:, None] * D + o_d[None, :]
+        tl.store(p_y, out.to(y.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+    else:
+        # new state of sequence n: columns c = xp[L + c], from the tokens or (short sequences) the old state
+        i_n = i_t - n_token_blocks
+        bos = tl.load(cu_seqlens + i_n)
+        seq_len = tl.load(cu_seqlens + i_n + 1) - bos
+        o_c = tl.arange(0, BW)
+        m_c = o_c < W - 1
+        src = seq_len + o_c - (W - 1)
+        p_x = x + (bos + src).to(tl.int64)[None, :] * D + o_d[:, None]
+        cols = tl.load(p_x, mask=m_d[:, None] & (m_c & (src >= 0))[None, :], other=0.0)
+        state_row = (i_n.to(tl.int64) * D + o_d[:, None]) * (W - 1)
+        if HAS_STATE:
+            p_s = state + state_row + (seq_len + o_c)[None, :]
+            cols += tl.load(p_s, mask=m_d[:, None] & (m_c & (src < 0))[None, :], other=0.0)
+        tl.store(new_state + state_row + o_c[None, :], cols.to(new_state.dtype.element_ty),
+                 mask=m_d[:, None] & m_c[None, :])
+
+
+def short_conv_prefill(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor,
+                       conv_state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, D], weight [D, W], cu_seqlens [N+1] int32, conv_state [N, D, W-1] or None (new sequences: zeros)
+    -> (y [T, D] in x's dtype, new_state [N, D, W-1] in the state's dtype, x's without one)."""
+    x, weight, cu_seqlens = x.contiguous(), weight.contiguous(), cu_seqlens.contiguous()
+    T, D = x.shape
+    W = weight.shape[1]
+    N = cu_seqlens.numel() - 1
+    y = torch.empty_like(x)
+    state_dtype = conv_state.dtype if conv_state is not None else x.dtype
+    new_state = torch.empty(N, D, W - 1, dtype=state_dtype, device=x.device)
+    if conv_state is not None:
+        conv_state = conv_state.contiguous()
+    BD = min(next_pow2(D), 1024 if INTERPRET else 128)
+    BT = row_block(BD) if INTERPRET else 32
+    n_token_blocks = triton.cdiv(T, BT)
+    grid = (triton.cdiv(D, BD), n_token_blocks + N)
+    _short_conv_prefill[grid](x, weight, conv_state if conv_state is not None else x, cu_seqlens, y, new_state,
+                              T, D, N, n_token_blocks, W=W, HAS_STATE=conv_state is not None,
+                              SEARCH_STEPS=max(N - 1, 0).bit_length(), BT=BT, BD=BD, BW=next_pow2(W - 1),
+                              ROUND=rounds_bf16(y.dtype))
+    return y, new_state
+
+
+@triton.jit
+def _short_conv_decode(x, pool, slots, weight, y, D, W: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr,
+                       ROUND: tl.constexpr):
+    i_d = tl.program_id(0)
+    i_n = tl.program_id(1)
+    slot = tl.load(slots + i_n).to(tl.int64)
+    o_d = i_d * BD + tl.arange(0, BD)
+    o_c = tl.arange(0, BW)
+    m_d = o_d < D
+    m_s = m_d[:, None] & (o_c < W - 1)[None, :]
+    p_state = pool + (slot * D + o_d[:, None]) * (W - 1) + o_c[None, :]
+    cols = tl.load(p_state, mask=m_s, other=0.0)
+    w_cols = tl.load(weight + o_d[:, None] * W + o_c[None, :], mask=m_s, other=0.0).to(tl.float32)
+    w_cur = tl.load(weight + o_d * W + W - 1, mask=m_d, other=0.0).to(tl.float32)
+    xv = tl.load(x + i_n.to(tl.int64) * D + o_d, mask=m_d, other=0.0)
+    acc = tl.sum(cols.to(tl.float32) * w_cols, 1) + xv.to(tl.float32) * w_cur
+    out = round_bf16(acc * tl.sigmoid(acc), ROUND)
+    tl.store(y + i_n.to(tl.int64) * D + o_d, out.to(y.dtype.element_ty), mask=m_d)
+    # shift the window left by one and append the current token
+    shifted = tl.load(p_state + 1, mask=m_d[:, None] & (o_c < W - 2)[None, :], other=0.0)
+    new = tl.where((o_c == W - 2)[None, :], xv.to(pool.dtype.element_ty)[:, None], shifted)
+    tl.store(p_state, new, mask=m_s)
+
+
+def short_conv_decode(x: torch.Tensor, weight: torch.Tensor, conv_state_pool: torch.Tensor,
+                      slots: torch.Tensor) -> torch.Tensor:
+    """x [N, D], weight [D, W], pool [S, D, W-1] (updated in place, must be contiguous), slots [N] distinct
+    -> y [N, D]."""
+    assert conv_state_pool.is_contiguous(), "the conv state pool is updated in place: it must be contiguous"
+    x, weight, slots = x.contiguous(), weight.contiguous(), slots.contiguous()
+    N, D = x.shape
+    W = weight.shape[1]
+    y = torch.empty_like(x)
+    BD = next_pow2(D) if INTERPRET else min(next_pow2(D), 256)
+    _short_conv_decode[(triton.cdiv(D, BD), N)](x, conv_state_pool, slots, weight, y, D, W=W, BD=BD,
+                                               BW=next_pow2(W - 1), ROUND=rounds_bf16(y.dtype))
+    return y
