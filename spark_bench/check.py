@@ -98,6 +98,7 @@ def clone_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
     return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
 
 
+@torch.no_grad()
 def _poison(t: torch.Tensor) -> torch.Tensor:
     if t.is_floating_point() or t.is_complex():
         t.fill_(float("nan"))

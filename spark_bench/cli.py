@@ -12,8 +12,9 @@ from rich.markup import escape
 
 from spark_bench import results, triton_env
 from spark_bench.console import console, failures_table, results_table, summary_line
+from spark_bench.devices import check_device, default_device
 from spark_bench.sweep import SweepSpec, UsageError, parse_set
-from spark_bench.timing import TimingConfig
+from spark_bench.timing import config_for
 
 RESULTS_ROOT = Path("results")
 
@@ -21,28 +22,6 @@ RESULTS_ROOT = Path("results")
 def _fail_usage(message: str) -> None:
     click.echo(f"spark-bench: error: {message}", err=True)
     sys.exit(2)
-
-
-def default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def check_device(device: str) -> str:
-    if device == "cpu":
-        return device
-    if not device.startswith("cuda"):
-        raise UsageError(f"unknown device {device!r}; choose from cpu, cuda, cuda:N")
-    import torch
-
-    if not torch.cuda.is_available():
-        raise UsageError(f"device {device!r} is not available here (torch.cuda.is_available() is False); "
-                         "use --device cpu")
-    index = device.partition(":")[2]
-    if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
-        raise UsageError(f"device {device!r} does not exist; this machine has cuda:0..{torch.cuda.device_count() - 1}")
-    return device
 
 
 class SparkGroup(click.Group):
@@ -124,22 +103,6 @@ def env_cmd(as_json: bool, device: str | None) -> None:
         click.echo(f"{key:15s} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
 
 
-def _timing_config(device: str, quick: bool, max_time: float | None, min_samples: int | None,
-                   target_ci: float | None, no_flush: bool, timer: str) -> TimingConfig:
-    if quick:
-        cfg = TimingConfig.quick()
-    elif device.startswith("cpu"):
-        cfg = TimingConfig(warmup_s=0.05, min_samples=5, min_time_s=0.05, max_time_s=1.0, target_rel_ci=0.02)
-    else:
-        cfg = TimingConfig()
-    changes = {k: v for k, v in {"max_time_s": max_time, "min_samples": min_samples, "target_rel_ci": target_ci}.items()
-               if v is not None}
-    if no_flush:
-        changes["flush"] = False
-    changes["mode"] = timer
-    return TimingConfig(**{**cfg.to_dict(), **changes})
-
-
 @main.command("run")
 @click.option("--op", "ops", multiple=True, help="Op name or glob (repeatable), e.g. 'kda.*'. Default: all ops.")
 @click.option("--backend", "backends", multiple=True, help="Backend name (repeatable). Default: every default one.")
@@ -193,7 +156,8 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
         spec = SweepSpec(ops=list(ops), backends=list(backends), preset=preset, overrides=overrides,
                          dtypes=[d for text in dtypes for d in text.split(",") if d], device=device,
                          quick=quick or (device == "cpu" and not full), seed=seed)
-        cfg = _timing_config(device, quick, max_time, min_samples, target_ci, no_flush, timer)
+        cfg = config_for(device, quick, max_time_s=max_time, min_samples=min_samples, target_rel_ci=target_ci,
+                         flush=False if no_flush else None, mode=timer)
     executor = make_executor(executor_kind, device=spec.device, devices=devices, ray_address=ray_address,
                              retries=retries)
     if dry_run:

@@ -4,7 +4,8 @@ Timers (each result records which one produced it):
 - `cpu-perf_counter`: host monotonic clock around each call (CPU devices); the last-level cache is flushed by
   writing a buffer of its size (read from sysfs, allocated once) before each call, outside the timed span.
 - `cuda-event`: a CUDA event pair around each call; the L2 is flushed by zeroing a buffer of 2x the device's L2
-  (allocated once per device) before each call, outside the event pair. Events inflate kernels under ~10 us several-fold.
+  (allocated once per device) before each call, outside the event pair. Events inflate kernels under ~10 us
+  several-fold.
 - `cuda-graph`: for small ops. A graph of `n` calls, each preceded by the flush, is replayed between events; a graph
   of the `n` flushes alone is replayed interleaved with it, and its median is subtracted (tritonbench's method), so the
   flush cost is accounted for, not ignored. Per-call time = (t_graph - median t_flush_graph) / n.
@@ -52,6 +53,18 @@ class TimingConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def config_for(device: str, quick: bool = False, **overrides: Any) -> TimingConfig:
+    """The timing budget of a sweep: `quick`, the CPU default (1 s a case) or the GPU default; overrides whose value
+    is None are ignored."""
+    if quick:
+        cfg = TimingConfig.quick()
+    elif device.startswith("cpu"):
+        cfg = TimingConfig(warmup_s=0.05, min_samples=5, min_time_s=0.05, max_time_s=1.0, target_rel_ci=0.02)
+    else:
+        cfg = TimingConfig()
+    return dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
 
 
 # --- cache flush --------------------------------------------------------------------------------------------------

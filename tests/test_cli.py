@@ -14,7 +14,7 @@ def run_cli(*args):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["run", "--op", "nope"], "no op matches 'nope'; choose from kda.gate"),
+    (["run", "--op", "nope"], "no op matches 'nope'; choose from kda.block_decode, kda.block_prefill"),
     (["run", "--op", "kda.gate", "--backend", "nope"], "unknown backend 'nope'"),
     (["run", "--op", "kda.gate", "--set", "nope=1"], "unknown axis 'nope'"),
     (["run", "--op", "kda.gate", "--set", "heads"], "malformed --set 'heads'"),

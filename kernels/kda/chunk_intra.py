@@ -1,0 +1,150 @@
+"""KDA chunk stage 1 (chunk-parallel): per chunk of BT = 64 tokens and head, in four row blocks of BC = 16,
+
+    A_qk[i, j] = scale * sum_d q_i k_j exp(G_i - G_j)  (j <= i),  L[i, j] = beta_i sum_d k_i k_j exp(G_i - G_j)  (j < i)
+    W = (I + L)^-1 Diag(beta) (exp(G) * K),   U = (I + L)^-1 Diag(beta) V   (the UT transform)
+
+and the operands of stage 2: Qd = scale * q * exp(G), Kd = k * exp(G_last - G). G is the chunk-local cumsum.
+
+Overflow (kda.md pitfall 4): exp(G_i - G_j) is never split at the chunk start. Off-diagonal blocks split it at the
+row block's first token r: (q_i exp(G_i - G_r)) . (k_j exp(G_r - G_j)) with j < r <= i, both factors <= 1; the
+16 x 16 diagonal blocks take the exact pairwise form. The solve is block forward substitution: each row block
+reads the W, U rows of earlier blocks back from memory (written by this program, behind a barrier) and applies
+the inverse of its unit-lower diagonal block (row-by-row substitution on 16 x 16).
+Dot operands are fp32 (tf32 tensor cores for 16-bit inputs, IEEE for fp32): the decay-scaled operands lose too
+much in bf16, and the interpreter's bf16 dot is broken anyway (kernels/common.py).
+"""
+
+import triton
+import triton.language as tl
+from spark_bench.kernels.kda.chunk_prep import l2_normalize_rows
+
+
+@triton.jit
+def _unit_lower_inverse(L, BC: tl.constexpr, PREC: tl.constexpr):
+    """(I + L)^-1 of a strictly lower-triangular [BC, BC] tile by the iteration X <- I - L X: row i only reads
+    rows j < i, so row i is final (and stays bit-identical) after i steps, as in forward substitution."""
+    o = tl.arange(0, BC)
+    eye = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
+    X = eye
+    for _ in tl.static_range(BC - 1):
+        X = eye - tl.dot(L, X, input_precision=PREC)
+    return X
+
+
+@triton.jit
+def _diag_block(q, k, gcum, rows, m_r, n_q, n_k, i_h, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr,
+                BK: tl.constexpr, BKD: tl.constexpr):
+    """sum_d q_i k_j exp(G_i - G_j) and sum_d k_i k_j exp(G_i - G_j) for i >= j inside one row block, pairwise
+    (no split of the exponent), over K in slices of BKD."""
+    o_c = tl.arange(0, BC)
+    pair = (o_c[:, None] >= o_c[None, :]) & m_r[:, None] & m_r[None, :]
+    d_qk = tl.zeros([BC, BC], dtype=tl.float32)
+    d_kk = tl.zeros([BC, BC], dtype=tl.float32)
+    for ks in tl.static_range(0, BK, BKD):
+        o_s = ks + tl.arange(0, BKD)
+        mask = m_r[:, None] & (o_s < K)[None, :]
+        offs = (rows[:, None] * H + i_h) * K + o_s[None, :]
+        q_s = tl.load(q + offs, mask=mask, other=0.0).to(tl.float32) * n_q
+        k_s = tl.load(k + offs, mask=mask, other=0.0).to(tl.float32) * n_k
+        g_s = tl.load(gcum + offs, mask=mask, other=0.0)
+        k_dec = k_s[None, :, :] * tl.exp(tl.where(pair[:, :, None], g_s[:, None, :] - g_s[None, :, :], 0.0))
+        d_qk += tl.sum(q_s[:, None, :] * k_dec, 2)
+        d_kk += tl.sum(k_s[:, None, :] * k_dec, 2)
+    return d_qk, d_kk
+
+
+@triton.jit
+def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk, scale,
+                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                 BK: tl.constexpr, BV: tl.constexpr, BKD: tl.constexpr,
+                 L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr):
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1)
+    start = tl.load(chunk_start + i_c).to(tl.int64)
+    end = tl.load(chunk_end + i_c).to(tl.int64)
+    if start >= end:
+        return
+    o_t = tl.arange(0, BT)
+    o_c = tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    rows_all = start + o_t
+    last = tl.minimum(start + BT, end) - 1
+    g_last = tl.load(gcum + (last * H + i_h) * K + o_k, mask=m_k, other=0.0)
+    for i_b in tl.static_range(BT // BC):
+        r = start + i_b * BC
+        if r < end:
+            rows = r + o_c
+            m_r = rows < end
+            mask_rk = m_r[:, None] & m_k[None, :]
+            offs_rk = (rows[:, None] * H + i_h) * K + o_k[None, :]
+            b_q = tl.load(q + offs_rk, mask=mask_rk, other=0.0).to(tl.float32)
+            b_k = tl.load(k + offs_rk, mask=mask_rk, other=0.0).to(tl.float32)
+            if L2NORM:
+                n_q = tl.rsqrt(tl.sum(b_q * b_q, 1, keep_dims=True) + 1e-6)
+                n_k = tl.rsqrt(tl.sum(b_k * b_k, 1, keep_dims=True) + 1e-6)
+            else:
+                n_q = tl.full([BC, 1], 1.0, tl.float32)
+                n_k = n_q
+            b_q = b_q * n_q
+            b_k = b_k * n_k
+            b_g = tl.load(gcum + offs_rk, mask=mask_rk, other=0.0)
+            b_beta = tl.load(beta + rows * H + i_h, mask=m_r, other=0.0).to(tl.float32)
+            if BETA_SIGMOID:
+                b_beta = tl.where(m_r, tl.sigmoid(b_beta), 0.0)
+            # this block's rows against the chunk's earlier rows j < r: the decay split at r
+            g_r = tl.load(gcum + (r * H + i_h) * K + o_k, mask=m_k, other=0.0)
+            e_r = tl.exp(tl.where(mask_rk, b_g - g_r[None, :], 0.0))
+            m_j = rows_all < r
+            mask_jk = m_j[:, None] & m_k[None, :]
+            offs_jk = (rows_all[:, None] * H + i_h) * K + o_k[None, :]
+            k_j = l2_normalize_rows(tl.load(k + offs_jk, mask=mask_jk, other=0.0).to(tl.float32), L2NORM)
+            g_j = tl.load(gcum + offs_jk, mask=mask_jk, other=0.0)
+            k_hat = tl.trans(k_j * tl.exp(tl.where(mask_jk, g_r[None, :] - g_j, 0.0)))
+            a_qk = tl.dot(b_q * e_r * scale, k_hat, input_precision=PREC)
+            a_kk = tl.dot(b_k * e_r, k_hat, input_precision=PREC) * b_beta[:, None]
+            d_qk, d_kk = _diag_block(q, k, gcum, rows, m_r, n_q, n_k, i_h, H, K, BC, BK, BKD)
+            d_qk = tl.where(o_c[:, None] >= o_c[None, :], d_qk * scale, 0.0)
+            d_kk = tl.where(o_c[:, None] > o_c[None, :], d_kk * b_beta[:, None], 0.0)
+            offs_a = (rows[:, None] * H + i_h) * BT
+            tl.store(aqk + offs_a + o_t[None, :], a_qk, mask=m_r[:, None] & (o_t[None, :] < i_b * BC))
+            tl.store(aqk + offs_a + i_b * BC + o_c[None, :], d_qk, mask=m_r[:, None])
+            # block forward substitution: (I + L_bb) X_b = Diag(beta_b) rhs_b - L_b,<b X_<b
+            mask_rv = m_r[:, None] & m_v[None, :]
+            offs_rv = (rows[:, None] * H + i_h) * V + o_v[None, :]
+            rhs_w = b_k * tl.exp(b_g) * b_beta[:, None]
+            rhs_u = tl.load(v + offs_rv, mask=mask_rv, other=0.0).to(tl.float32) * b_beta[:, None]
+            if i_b > 0:
+                offs_jv = (rows_all[:, None] * H + i_h) * V + o_v[None, :]
+                w_j = tl.load(w + offs_jk, mask=mask_jk, other=0.0)
+                u_j = tl.load(u + offs_jv, mask=m_j[:, None] & m_v[None, :], other=0.0)
+                rhs_w -= tl.dot(a_kk, w_j, input_precision=PREC)
+                rhs_u -= tl.dot(a_kk, u_j, input_precision=PREC)
+            inv = _unit_lower_inverse(d_kk, BC, PREC)
+            tl.store(w + offs_rk, tl.dot(inv, rhs_w, input_precision=PREC), mask=mask_rk)
+            tl.store(u + offs_rv, tl.dot(inv, rhs_u, input_precision=PREC), mask=mask_rv)
+            tl.store(qd + offs_rk, b_q * tl.exp(b_g) * scale, mask=mask_rk)
+            tl.store(kd + offs_rk, b_k * tl.exp(tl.where(mask_rk, g_last[None, :] - b_g, 0.0)), mask=mask_rk)
+            tl.debug_barrier()  # the next row block reads these W, U rows back
+
+
+def chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, n_chunks, *, scale, BT, l2norm, beta_sigmoid, prec,
+                interpret):
+    """q, k [T, H, K], v [T, H, V], beta [T, H], gcum fp32 [T, H, K] -> fp32 (W, U, Qd, Kd, A_qk [T, H, BT])."""
+    import torch
+
+    T, H, K = q.shape
+    V = v.shape[-1]
+    f32 = {"dtype": torch.float32, "device": q.device}
+    w, qd, kd = (torch.empty(T, H, K, **f32) for _ in range(3))
+    u = torch.empty(T, H, V, **f32)
+    aqk = torch.empty(T, H, BT, **f32)
+    BK = max(16, triton.next_power_of_2(K))
+    _chunk_intra[(n_chunks, H)](
+        q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk, scale,
+        H=H, K=K, V=V, BT=BT, BC=16, BK=BK, BV=max(16, triton.next_power_of_2(V)),
+        BKD=BK if interpret else min(BK, 32), L2NORM=l2norm, BETA_SIGMOID=beta_sigmoid, PREC=prec,
+        num_warps=8)
+    return w, u, qd, kd, aqk

@@ -1,0 +1,46 @@
+"""The KDA chunkwise prefill core in three Triton stages (chunk BT = 64):
+
+  0. chunk_prep.py   G = chunk-local cumsum of the decay (fused gate optional)                    grid (chunks, H)
+  1. chunk_intra.py  A_qk, the UT transform W, U, and the decayed Qd, Kd (L2 norm, sigmoid fused)  grid (chunks, H)
+  2. chunk_state.py  the sequential pass over chunks: output and final state                      grid (N, H, V/BV)
+
+Intermediates are fp32 [T, H, *]. Varlen sequences never share a chunk; the chunk table is built on the device
+(no host sync), so the call is graph-capturable for a fixed token count.
+"""
+
+import torch
+from spark_bench.kernels.common import INTERPRET
+from spark_bench.kernels.kda.chunk_intra import chunk_intra
+from spark_bench.kernels.kda.chunk_prep import chunk_cumsum, chunk_table
+from spark_bench.kernels.kda.chunk_state import chunk_state
+
+BT = 64
+
+
+def chunk_kda_prefill(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+                      use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                      A_log=None, dt_bias=None):
+    """fla's chunk_kda calling convention: q, k, g [B, T, H, K], v [B, T, H, V], beta [B, T, H], initial_state
+    [N, H, K, V] fp32 -> (o [B, T, H, V] in v's dtype, final state [N, H, K, V] fp32 or None)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5 if scale is None else float(scale)
+    if cu_seqlens is None:
+        cu_seqlens = torch.arange(0, B + 1, device=q.device, dtype=torch.int32) * T
+    elif B != 1:
+        raise ValueError(f"cu_seqlens needs B = 1 (flattened sequences), got B = {B}")
+    total = B * T
+    q, k, g = (x.reshape(total, H, K).contiguous() for x in (q, k, g))
+    v = v.reshape(total, H, V).contiguous()
+    beta = beta.reshape(total, H).contiguous()
+    prec = "ieee" if v.dtype == torch.float32 else "tf32"
+    start, end, n_chunks = chunk_table(cu_seqlens, total, BT)
+    gcum = chunk_cumsum(g, start, end, n_chunks, BT=BT, gate=use_gate_in_kernel,
+                        A_log=None if A_log is None else A_log.reshape(-1).contiguous(),
+                        dt_bias=None if dt_bias is None else dt_bias.reshape(-1).contiguous())
+    w, u, qd, kd, aqk = chunk_intra(q, k, v, beta, gcum, start, end, n_chunks, scale=scale, BT=BT,
+                                    l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
+                                    prec=prec, interpret=INTERPRET)
+    o, ht = chunk_state(w, u, qd, kd, aqk, gcum, cu_seqlens, initial_state=initial_state,
+                        output_final_state=output_final_state, out_dtype=v.dtype, prec=prec, interpret=INTERPRET)
+    return o.view(B, T, H, V), ht

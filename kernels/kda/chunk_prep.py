@@ -1,0 +1,87 @@
+"""KDA chunk stage 0: the chunk-local cumulative decay G = cumsum(g) (fp32, natural log), with the gate fused.
+
+Also the small @triton.jit helpers the KDA cores share (fused gate, L2 norm on load, output rounding) and the
+varlen chunk table.
+g is the log-space decay, or with GATE the raw gate: -exp(A_log[h]) * softplus(g + dt_bias[h*K + d]).
+"""
+
+import torch
+import triton
+import triton.language as tl
+from spark_bench.kernels.common import softplus
+
+
+@triton.jit
+def kda_decay(g, A_log, dt_bias, i_h, o_k, m_k, K: tl.constexpr):
+    """The KDA gate on a [..., BK] tile of raw logits of head i_h: A_log per head, dt_bias per channel."""
+    bias = tl.load(dt_bias + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    a = tl.exp(tl.load(A_log + i_h).to(tl.float32))
+    return -a * softplus(g + bias)
+
+
+@triton.jit
+def l2_normalize_rows(x, L2NORM: tl.constexpr):
+    """x * rsqrt(sum(x^2) + 1e-6) over the last axis when L2NORM (masked columns hold zeros)."""
+    if L2NORM:
+        x = x * tl.rsqrt(tl.sum(x * x, axis=-1, keep_dims=True) + 1e-6)
+    return x
+
+
+@triton.jit
+def to_output_dtype(x, out, INTERPRET: tl.constexpr):
+    """fp32 x cast to out's element type, rounding to nearest even: the interpreter truncates fp32 -> bf16."""
+    if INTERPRET:
+        if out.dtype.element_ty == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            x = bits.to(tl.float32, bitcast=True)
+    return x.to(out.dtype.element_ty)
+
+
+@triton.jit
+def _chunk_cumsum(g, A_log, dt_bias, chunk_start, chunk_end, gcum, H: tl.constexpr, K: tl.constexpr,
+                  BT: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr):
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1)
+    start = tl.load(chunk_start + i_c).to(tl.int64)
+    end = tl.load(chunk_end + i_c).to(tl.int64)
+    if start >= end:
+        return
+    rows = start + tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    mask = (rows < end)[:, None] & m_k[None, :]
+    offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
+    b_g = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)
+    if GATE:
+        b_g = tl.where(mask, kda_decay(b_g, A_log, dt_bias, i_h, o_k[None, :], m_k[None, :], K), 0.0)
+    tl.store(gcum + offs, tl.cumsum(b_g, axis=0), mask=mask)
+
+
+def chunk_table(cu_seqlens: torch.Tensor, total: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(start, end, n) of every chunk of every sequence, computed on the device without a host sync: `n` =
+    total // chunk + N is an upper bound of the chunk count; the spare entries have start == end (empty)."""
+    cu = cu_seqlens.to(torch.int64)
+    N = cu.numel() - 1
+    lens = cu[1:] - cu[:-1]
+    n_chunks = (lens + chunk - 1) // chunk
+    last = n_chunks.cumsum(0)
+    n = total // chunk + N
+    c = torch.arange(n, device=cu.device)
+    seq = torch.searchsorted(last, c, right=True)
+    valid = seq < N
+    seq = seq.clamp(max=N - 1)
+    start = cu[seq] + (c - (last[seq] - n_chunks[seq])) * chunk
+    end = torch.where(valid, cu[seq + 1], start)
+    return start.to(torch.int32), end.to(torch.int32), n
+
+
+def chunk_cumsum(g, chunk_start, chunk_end, n_chunks, *, BT, A_log=None, dt_bias=None, gate=False):
+    """g [T, H, K] -> fp32 chunk-local cumsum of the decay (the gate applied first when `gate`)."""
+    T, H, K = g.shape
+    gcum = torch.empty(T, H, K, dtype=torch.float32, device=g.device)
+    dummy = gcum  # never read when GATE is off
+    _chunk_cumsum[(n_chunks, H)](
+        g, A_log if gate else dummy, dt_bias if gate else dummy, chunk_start, chunk_end, gcum,
+        H=H, K=K, BT=BT, BK=max(16, triton.next_power_of_2(K)), GATE=gate)
+    return gcum

@@ -1,0 +1,73 @@
+"""KDA decode core: 1-4 tokens per sequence on an fp32 state pool [S, H, K, V], updated in place at the slots
+`ssm_state_indices` [N]. One program per (sequence, head, BV columns): the state tile [K, BV] stays in registers
+for the sequence's T tokens and is written back once. Slots not indexed are never touched.
+
+Per token (fp32): S *= exp(g)[:, None]; u = beta * (v - k @ S); S += outer(k, u); o = (scale * q) @ S,
+with the q/k L2 norm, the gate and the beta sigmoid optionally fused (flags as in chunk_prep.py).
+"""
+
+import torch
+import triton
+import triton.language as tl
+from spark_bench.kernels.common import INTERPRET
+from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_output_dtype
+
+
+@triton.jit
+def _recurrent_decode(q, k, v, g, beta, A_log, dt_bias, o, pool, slots, scale, T: tl.constexpr,
+                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      L2NORM: tl.constexpr, GATE: tl.constexpr, BETA_SIGMOID: tl.constexpr,
+                      INTERPRET: tl.constexpr):
+    i_n = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1)
+    i_v = tl.program_id(2)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    slot = tl.load(slots + i_n).to(tl.int64)
+    offs_s = ((slot * H + i_h) * K + o_k[:, None]) * V + o_v[None, :]
+    mask_s = m_k[:, None] & m_v[None, :]
+    S = tl.load(pool + offs_s, mask=mask_s, other=0.0)
+    for t in tl.static_range(T):
+        row = (i_n * T + t) * H + i_h
+        b_q = l2_normalize_rows(tl.load(q + row * K + o_k, mask=m_k, other=0.0).to(tl.float32), L2NORM)
+        b_k = l2_normalize_rows(tl.load(k + row * K + o_k, mask=m_k, other=0.0).to(tl.float32), L2NORM)
+        b_g = tl.load(g + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        if GATE:
+            b_g = kda_decay(b_g, A_log, dt_bias, i_h, o_k, m_k, K)
+        b_beta = tl.load(beta + row).to(tl.float32)
+        if BETA_SIGMOID:
+            b_beta = tl.sigmoid(b_beta)
+        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+        S = S * tl.exp(b_g)[:, None]
+        b_u = b_beta * (b_v - tl.sum(b_k[:, None] * S, 0))
+        S = S + b_k[:, None] * b_u[None, :]
+        b_o = tl.sum((b_q * scale)[:, None] * S, 0)
+        tl.store(o + row * V + o_v, to_output_dtype(b_o, o, INTERPRET), mask=m_v)
+    tl.store(pool + offs_s, S, mask=mask_s)
+
+
+def kda_recurrent_decode(q, k, v, g, beta, initial_state, ssm_state_indices, scale=None,
+                         use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                         A_log=None, dt_bias=None):
+    """q, k, g [N, T, H, K], v [N, T, H, V], beta [N, T, H], initial_state (the pool) [S, H, K, V] fp32,
+    ssm_state_indices [N] -> (o [N, T, H, V] in v's dtype, the pool, updated in place)."""
+    N, T, H, K = q.shape
+    V = v.shape[-1]
+    assert initial_state.dtype == torch.float32 and initial_state.is_contiguous()
+    scale = K ** -0.5 if scale is None else float(scale)
+    q, k, g, v, beta = (x.contiguous() for x in (q, k, g, v, beta))
+    o = torch.empty_like(v)
+    BV = max(16, triton.next_power_of_2(V))
+    if not INTERPRET:
+        BV = min(BV, 32)
+    _recurrent_decode[(N, H, triton.cdiv(V, BV))](
+        q, k, v, g, beta,
+        A_log.reshape(-1).contiguous() if use_gate_in_kernel else g,
+        dt_bias.reshape(-1).contiguous() if use_gate_in_kernel else g,
+        o, initial_state, ssm_state_indices.contiguous(), scale,
+        T=T, H=H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BV=BV,
+        L2NORM=use_qk_l2norm_in_kernel, GATE=use_gate_in_kernel, BETA_SIGMOID=use_beta_sigmoid_in_kernel,
+        INTERPRET=INTERPRET, num_warps=4)
+    return o, initial_state

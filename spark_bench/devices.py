@@ -1,0 +1,27 @@
+"""Device names on the command line: `cpu`, `cuda`, `cuda:N`; validated with one-line errors."""
+
+from __future__ import annotations
+
+from spark_bench.sweep import UsageError
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(device: str) -> str:
+    if device == "cpu":
+        return device
+    if not device.startswith("cuda"):
+        raise UsageError(f"unknown device {device!r}; choose from cpu, cuda, cuda:N")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"device {device!r} is not available here (torch.cuda.is_available() is False); "
+                         "use --device cpu")
+    index = device.partition(":")[2]
+    if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+        raise UsageError(f"device {device!r} does not exist; this machine has cuda:0..{torch.cuda.device_count() - 1}")
+    return device

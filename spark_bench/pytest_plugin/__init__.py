@@ -1,0 +1,204 @@
+"""pytest plugin (entry point `pytest11`): spark-bench cases as pytest-benchmark tests, and a `spark_bench` fixture.
+
+    pytest --spark-op 'kda.*' [--spark-backend triton] [--spark-preset kimi-linear] [--spark-set heads=4,8]
+           [--spark-dtype bf16] [--spark-device cpu|cuda] [--spark-quick] --benchmark-json out.json
+
+collects one test per case of the sweep `spark-bench run` would run (same options), named like
+`kda.gate[triton-bf16-T67-H4-Dh128]` and grouped per op and parameter point, so pytest-benchmark's table puts the
+backends of one shape side by side. Each test checks the backend against the reference (a mismatch fails it), then
+times it with spark-bench's timing engine; those device-time samples become the benchmark's statistics, so
+--benchmark-json/-save/-compare/-compare-fail work on them. The device fingerprint is added to the machine info and a
+compare against a baseline of another fingerprint warns or fails (--spark-fingerprint-mismatch). See docs/ci.md.
+
+Inert unless a --spark-* option is given or a test uses the `spark_bench` fixture; importing it imports only pytest.
+Cases run in the pytest process: a kernel that segfaults ends the session (`spark-bench run` isolates crashes).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+
+STATE = pytest.StashKey["SparkState"]()
+MISMATCH_POLICIES = ("warn", "fail")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("spark-bench", "spark-bench kernel benchmarks (docs/ci.md)")
+    add = group.addoption
+    add("--spark-op", action="append", default=[], metavar="GLOB",
+        help="Collect one benchmark test per case of these ops (glob, repeatable), e.g. 'kda.*'.")
+    add("--spark-backend", action="append", default=[], metavar="NAME",
+        help="Only these backends (repeatable or comma-separated). Default: every default backend.")
+    add("--spark-preset", default=None, metavar="NAME", help="Named model shape set, e.g. kimi-linear.")
+    add("--spark-set", action="append", default=[], metavar="AXIS=V1,V2", help="Sweep these values of an axis.")
+    add("--spark-dtype", action="append", default=[], metavar="DTYPE", help="bf16, fp16, fp32 (repeatable).")
+    add("--spark-device", default=None, metavar="DEVICE", help="cpu or cuda[:N] (default: cuda if present, else cpu).")
+    add("--spark-quick", action="store_true", help="Small shapes and a short timing budget per case.")
+    add("--spark-full", action="store_true", help="On CPU, the full (GPU) shapes instead of the quick ones.")
+    add("--spark-seed", type=int, default=0, metavar="N", help="Seed of every input factory (default 0).")
+    add("--spark-max-time", type=float, default=None, metavar="S", help="Timing budget per case, seconds.")
+    add("--spark-min-samples", type=int, default=None, metavar="N", help="Minimum timed samples per case.")
+    add("--spark-target-ci", type=float, default=None, metavar="F",
+        help="Stop timing when the median's 95%% CI is within this fraction.")
+    add("--spark-timer", choices=("auto", "events", "graph"), default="auto", help="CUDA timer (default auto).")
+    add("--spark-no-flush", action="store_true", help="Do not flush the cache before each timed call.")
+    add("--spark-fingerprint-mismatch", choices=MISMATCH_POLICIES, default=None,
+        help="When --benchmark-compare loads a baseline measured on another device fingerprint: warn (default) or "
+             "fail before running anything.")
+
+
+class SparkState:
+    """Per-session settings and lazily built heavy objects (registry, runner, fingerprints)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        opt = config.getoption
+        self.ops: list[str] = opt("spark_op")
+        self.fixture_used = False
+        self.mismatches: list[str] = []
+        self.explicit = bool(self.ops or opt("spark_device") or opt("spark_fingerprint_mismatch"))
+
+    @property
+    def active(self) -> bool:
+        """Whether this session uses spark-bench at all (collected cases, the fixture, or a --spark option)."""
+        return self.explicit or self.fixture_used
+
+    @functools.cached_property
+    def device(self) -> str:
+        from spark_bench.devices import check_device, default_device
+        from spark_bench.sweep import UsageError
+
+        try:
+            return check_device(self.config.getoption("spark_device") or default_device())
+        except UsageError as exc:
+            raise pytest.UsageError(f"--spark-device: {exc}".replace("use --device", "use --spark-device")) from None
+
+    def registry(self):
+        from spark_bench import triton_env
+
+        triton_env.configure(self.device)  # before plugins import triton: probes must see the interpreter
+        from spark_bench.registry import registry
+
+        return registry()
+
+    @functools.cached_property
+    def runner(self):
+        from spark_bench.worker import CaseRunner
+
+        return CaseRunner(self.registry())
+
+    def timing_config(self, device: str, minimal: bool = False):
+        from spark_bench.timing import TimingConfig, config_for
+
+        if minimal:  # --benchmark-disable: check once, time one call
+            return TimingConfig(warmup_s=0.0, min_samples=1, max_samples=1, min_time_s=0.0, max_time_s=0.0)
+        opt = self.config.getoption
+        return config_for(device, opt("spark_quick"), max_time_s=opt("spark_max_time"),
+                          min_samples=opt("spark_min_samples"), target_rel_ci=opt("spark_target_ci"),
+                          flush=False if opt("spark_no_flush") else None, mode=opt("spark_timer"))
+
+    @functools.cache  # noqa: B019 - one state per session, a handful of devices
+    def fingerprint(self, device: str) -> dict[str, Any]:
+        from spark_bench.fingerprint import fingerprint
+
+        return fingerprint(device)
+
+    @functools.cache  # noqa: B019
+    def roofline(self, device: str) -> dict[str, Any] | None:
+        try:
+            from spark_bench.telemetry.roofline import roofline_for
+        except ImportError:
+            return None
+        return roofline_for(device)
+
+    def machine_fingerprint(self) -> dict[str, Any]:
+        """The fingerprint stored in pytest-benchmark's machine_info (the commit is in its commit_info)."""
+        return {k: v for k, v in self.fingerprint(self.device).items() if k != "git"}
+
+
+def state_of(config: pytest.Config) -> SparkState:
+    return config.stash[STATE]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    state = config.stash[STATE] = SparkState(config)
+    if state.ops and config.args_source != pytest.Config.ArgsSource.ARGS:
+        config.args = []  # `pytest --spark-op X` runs the spark-bench cases only, not the tests of the directory
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    state = state_of(config)
+    lines = [f"spark-bench: WARNING: {m}" for m in state.mismatches]
+    if state.ops:
+        fp = state.fingerprint(state.device)
+        device = f"{state.device} ({fp['device'].get('name')}), fingerprint {fp['fingerprint_id']}"
+        lines.insert(0, f"spark-bench: {device}; cases run in this process (a crashing kernel ends the session; "
+                        "`spark-bench run` isolates crashes)")
+        lines += [f"spark-bench: plugin {e.source} failed to load: {e.message}" for e in state.registry().errors]
+    return lines
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k/-m deselection and pytest-benchmark's --benchmark-skip/-only marks
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    state = state_of(config)
+    if state.ops:
+        from spark_bench.pytest_plugin.cases import collect
+
+        items.extend(collect(session, state))
+    users = [item for item in items if "spark_bench" in getattr(item, "fixturenames", ())]
+    if users:
+        from spark_bench.pytest_plugin.replay import attach_replay_timer
+
+        state.fixture_used = True
+        for item in users:
+            attach_replay_timer(item)
+
+
+@pytest.fixture
+def spark_bench(request: pytest.FixtureRequest, benchmark: Any):
+    """Benchmark your own callable with spark-bench's timing engine, fed into pytest-benchmark:
+    `spark_bench(fn, *args, device=None, reference=None, tolerance=1e-3, flops=None, nbytes=None, **kwargs)`.
+    See spark_bench.pytest_plugin.fixture.SparkBench."""
+    from spark_bench.pytest_plugin.fixture import SparkBench
+
+    return SparkBench(request, benchmark, state_of(request.config))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
+    state = state_of(config)
+    if state.active:
+        machine_info["spark_bench"] = state.machine_fingerprint()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_compare_machine_info(config: pytest.Config, benchmarksession: Any, machine_info: dict[str, Any],
+                                          compared_benchmark: dict[str, Any]) -> None:
+    saved = (compared_benchmark.get("machine_info") or {}).get("spark_bench")
+    if not saved:
+        return  # not a spark-bench baseline
+    from spark_bench.pytest_plugin.replay import fingerprint_difference
+
+    state = state_of(config)
+    current = machine_info.get("spark_bench") or state.machine_fingerprint()
+    difference = fingerprint_difference(saved, current)
+    if difference is None:
+        return
+    message = (f"the baseline was measured on another device fingerprint ({saved.get('fingerprint_id')}, this run "
+               f"{current.get('fingerprint_id')}): {difference}; its timings are not comparable with this run's")
+    if config.getoption("spark_fingerprint_mismatch") == "fail":
+        raise pytest.UsageError(f"spark-bench: {message} (--spark-fingerprint-mismatch=fail)")
+    state.mismatches.append(message)
+    state.explicit = True  # put our fingerprint in machine_info from now on
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-benchmark's summary, which raises on a regression
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    state = state_of(terminalreporter.config)
+    for message in state.mismatches:
+        terminalreporter.section("spark-bench: fingerprint mismatch", sep="!", red=True, bold=True)
+        terminalreporter.write_line(f"WARNING: {message}", red=True, bold=True)
+        terminalreporter.write_line("Pass --spark-fingerprint-mismatch=fail to make this an error.", red=True)
