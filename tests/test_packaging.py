@@ -2,8 +2,9 @@
 
 import importlib
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 ROOTS = {"spark_bench": REPO / "spark_bench", "spark_bench.plugins": REPO / "plugins",
