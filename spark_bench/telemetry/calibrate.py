@@ -3,13 +3,13 @@
 Bandwidth: a large device-to-device copy (dst.copy_(src)), counting bytes read + written (2x the tensor), well above
 L2 (GPU) or the last-level cache (CPU). Matmul: square n x n x n products of random data (never zeros: a bf16 GEMM
 runs faster on zeros), 2 n^3 FLOPs each, for bf16, fp16, tf32 (fp32 inputs, TF32 tensor cores) and fp32 (IEEE).
-Each rate is the median over batches of back-to-back calls (CUDA events on GPU, perf_counter on CPU) after a warm-up.
+Each rate is the best batch of back-to-back calls (CUDA events on GPU, perf_counter on CPU) after a warm-up: a peak
+is what the device can reach, and other load on the machine only ever slows a batch down.
 The CPU sizes are moderate so `spark-bench calibrate --device cpu` finishes in seconds.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +22,7 @@ BATCH_S = 0.02  # one timed sample: back-to-back calls for about this long
 
 
 def per_call_seconds(fn: Callable[[], Any], device: str, budget_s: float, warmup_s: float) -> tuple[float, int]:
-    """(median seconds per call, calls timed) of fn on device, after warmup_s of warm-up."""
+    """(best seconds per call over the timed batches, calls timed) of fn on device, after warmup_s of warm-up."""
     import torch
 
     cuda = device.startswith("cuda")
@@ -49,7 +49,7 @@ def per_call_seconds(fn: Callable[[], Any], device: str, budget_s: float, warmup
             for _ in range(batch):
                 fn()
             samples.append((time.perf_counter() - t0) / batch)
-    return statistics.median(samples), len(samples) * batch
+    return min(samples), len(samples) * batch
 
 
 def measure_bandwidth(device: str, nbytes: int, budget_s: float, warmup_s: float) -> dict[str, Any]:
