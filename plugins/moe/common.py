@@ -1,0 +1,159 @@
+"""Helpers shared by the MoE ops: routing distributions, realised expert load, weight factories, n_e(T).
+
+Routing distributions (the `routing` axis), each giving topk_ids [T, K] int32 (K distinct experts per token) and
+topk_weights [T, K] f32 (positive, summing to the routed scaling factor):
+  uniform  every token draws K experts uniformly (fresh per draw, so a rotated benchmark re-reads HBM)
+  zipf     expert popularity ~ 1/rank^1.2 over a fixed ranking, K drawn without replacement (Gumbel top-k)
+  worst    all tokens on the same K experts
+  fixed    a uniform draw that does not depend on the seed: every rotated draw is identical (L2-warm case)
+
+Weights: w13 [E, 2I, D] (gate rows then up rows) scaled so x @ w.T has unit variance for the given input std,
+w2 [E, D, I] with std W2_GAIN/sqrt(I): routed outputs of std ~0.25 (max ~1.5), where bf16 spacing is <= 2^-7 and
+the moe.md bound max |diff| <= 2e-2 means a few ulps (at std ~1 the rounding of y alone reaches it).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from spark_bench.dtypes import torch_dtype
+from spark_bench.inputs import generator, randn, uniform
+
+ROUTINGS = ("uniform", "zipf", "worst", "fixed")
+FORMATS = ("bf16", "q2k_q3k")  # expert weight formats: bf16, or GGUF Q2_K w1|w3 with Q3_K w2
+ZIPF_EXPONENT = 1.2
+FIXED_SEED = 1234567
+RANKING_SEED = 7654321
+X_STD = 0.1  # activation std of the expert ops (vLLM's test scale, moe.md tolerances)
+W2_GAIN = 0.25
+
+
+def draw_topk_ids(routing: str, T: int, E: int, K: int, gen: torch.Generator, device) -> torch.Tensor:
+    """topk_ids [T, K] int32 under one routing distribution (see the module docstring)."""
+    if routing not in ROUTINGS:
+        raise ValueError(f"unknown routing {routing!r}; choose from {', '.join(ROUTINGS)}")
+    if routing == "fixed":
+        gen = generator(device, FIXED_SEED + 31 * T + 7 * E + K)
+    if routing == "worst":
+        chosen = torch.randperm(E, generator=gen, device=device)[:K]
+        return chosen.to(torch.int32).expand(T, K).contiguous()
+    keys = torch.rand((T, E), generator=gen, device=device)
+    if routing == "zipf":
+        ranking = torch.randperm(E, generator=generator("cpu", RANKING_SEED + E)).to(device)
+        log_p = -ZIPF_EXPONENT * torch.log1p(ranking.float())
+        keys = log_p - torch.log(-torch.log(keys.clamp_min(1e-20)))  # log p + Gumbel noise
+    return keys.topk(K, dim=1).indices.to(torch.int32)
+
+
+def draw_routing(routing: str, T: int, E: int, K: int, gen: torch.Generator, device,
+                 scaling: float = 2.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_ids [T, K] int32, topk_weights [T, K] f32): ids from `routing`, weights like a sigmoid router's
+    (normalised scores in [0.05, 1) times `scaling`)."""
+    ids = draw_topk_ids(routing, T, E, K, gen, device)
+    if routing == "fixed":
+        gen = generator(device, FIXED_SEED + 13 * T + E + 5 * K)
+    scores = uniform((T, K), gen, 0.05, 1.0, device=device)
+    return ids, scores / scores.sum(dim=1, keepdim=True) * scaling
+
+
+def routing_load(topk_ids: torch.Tensor, num_experts: int) -> dict[str, float]:
+    """Realised per-expert load: max and mean tokens per expert (mean over all E), their ratio, experts hit."""
+    counts = torch.bincount(topk_ids.flatten().long().cpu(), minlength=num_experts)
+    mean = topk_ids.numel() / num_experts
+    return {"load_max": int(counts.max()), "load_mean": mean, "load_imbalance": float(counts.max()) / mean,
+            "experts_hit": int((counts > 0).sum())}
+
+
+def experts_hit_uniform(T: int, E: int, K: int) -> float:
+    """n_e(T) = E (1 - (1 - K/E)^T): expected experts hit by T tokens under uniform routing."""
+    return E * (1.0 - (1.0 - K / E) ** T)
+
+
+@functools.lru_cache(maxsize=256)
+def experts_hit(routing: str, T: int, E: int, K: int) -> float:
+    """n_e(T) under `routing`: exact for uniform and worst, realised on one CPU draw for zipf and fixed."""
+    if routing == "uniform":
+        return experts_hit_uniform(T, E, K)
+    if routing == "worst":
+        return float(K)
+    ids = draw_topk_ids(routing, T, E, K, generator("cpu", 0), "cpu")
+    return float(torch.unique(ids).numel())
+
+
+def _randn_chunked(shape, gen, std, dtype, device, chunk: int = 8) -> torch.Tensor:
+    """randn of `shape` in `dtype`, drawn a few experts at a time to bound the fp32 temporary."""
+    out = torch.empty(shape, dtype=torch_dtype(dtype), device=device)
+    for e0 in range(0, shape[0], chunk):
+        part = out[e0:e0 + chunk]
+        part.copy_(randn(part.shape, gen, device=device, std=std))
+    return out
+
+
+def w13_std(D: int, x_std: float = X_STD) -> float:
+    return 1.0 / (x_std * math.sqrt(D))
+
+
+def w2_std(I: int) -> float:
+    return W2_GAIN / math.sqrt(I)
+
+
+def expert_weights(E: int, D: int, I: int, gen: torch.Generator, *, device, dtype="bf16",
+                   x_std: float = X_STD) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w13 [E, 2I, D], w2 [E, D, I]): gate and up pre-activations of unit variance for inputs of std `x_std`."""
+    w13 = _randn_chunked((E, 2 * I, D), gen, w13_std(D, x_std), dtype, device)
+    w2 = _randn_chunked((E, D, I), gen, w2_std(I), dtype, device)
+    return w13, w2
+
+
+def format_weights(fmt: str, E: int, D: int, I: int, gen: torch.Generator, *, device,
+                   x_std: float = X_STD) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert weights in `fmt`: bf16 (w13 [E, 2I, D], w2 [E, D, I]) or q2k_q3k (w13 Q2_K [E, 2I, D/256*84] and
+    w2 Q3_K [E, D, I/256*110] uint8 blocks, same weight std)."""
+    if fmt == "bf16":
+        return expert_weights(E, D, I, gen, device=device, x_std=x_std)
+    if fmt != "q2k_q3k":
+        raise ValueError(f"unknown expert format {fmt!r}; choose from {', '.join(FORMATS)}")
+    from spark_bench.plugins.quant import kquants
+
+    return (kquants.random_blocks("q2_k", (E, 2 * I), D, gen, std=w13_std(D, x_std), device=device),
+            kquants.random_blocks("q3_k", (E, D), I, gen, std=w2_std(I), device=device))
+
+
+def format_bytes(fmt: str) -> tuple[float, float]:
+    """Bytes per weight (b13, b2) of w1/w3 and w2 in `fmt` (moe.md)."""
+    return (2.0, 2.0) if fmt == "bf16" else (84 / 256, 110 / 256)
+
+
+def format_constraint(p) -> str | None:
+    if p.get("format") == "q2k_q3k" and (p["hidden"] % 256 or p["inter"] % 256):
+        return "GGUF K-quants need hidden and inter multiples of 256"
+    return None
+
+
+def experts_impl(kind: str, fmt: str):
+    """The routed-experts function fn(x, topk_ids, topk_weights, w13, w2) of `kind` (triton, torch, reference) for
+    weights in `fmt`: moe.experts for bf16, moe.experts_gguf for q2k_q3k."""
+    if fmt == "bf16":
+        from spark_bench.plugins.moe import experts as mod
+
+        table = {"triton": mod.triton_experts, "torch": mod.torch_experts_impl, "reference": mod.reference}
+    else:
+        from spark_bench.plugins.moe import experts_gguf as mod
+
+        table = {"triton": mod.triton_experts_gguf, "torch": mod.torch_experts_gguf,
+                 "reference": mod.reference_experts_gguf}
+    return table[kind]
+
+
+def router_weights(E: int, D: int, gen: torch.Generator, *, device, x_std: float = 1.0,
+                   bias_std: float = 0.02) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate_w [E, D] bf16 giving unit-variance logits, gate_bias [E] f32 with a realistic std of 0.02)."""
+    gate_w = randn((E, D), gen, dtype="bf16", device=device, std=1.0 / (x_std * math.sqrt(D)))
+    return gate_w, randn((E,), gen, device=device, std=bias_std)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(gate) * up

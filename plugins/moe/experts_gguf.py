@@ -1,0 +1,172 @@
+"""`moe.experts_gguf`: fused routed experts (SwiGLU) with GGUF weights: w1|w3 in Q2_K, w2 in Q3_K.
+
+    y[t] = sum_k w[t, k] * (silu(x[t] @ w1[e].T) * (x[t] @ w3[e].T)) @ w2[e].T,   e = topk_ids[t, k]
+
+Calling convention: backend(x=[T, D] bf16, topk_ids=[T, K] int32, topk_weights=[T, K] f32,
+w13_q=[E, 2I, D/256*84] uint8 (Q2_K rows, gate rows then up rows), w2_q=[E, D, I/256*110] uint8 (Q3_K rows))
+-> y [T, D] bf16. D and I must be multiples of 256. Block layouts: plugins/quant/kquants.py (moe.md).
+The reference and every backend use the same weights (the blocks dequantize exactly), so the tolerance measures
+the GEMM path only: ours keeps bf16 activations and weight tiles with fp32 accumulation.
+Backends: triton (kernels/moe/experts_gguf.py, dequant in registers; decode path up to 8 tokens, grouped
+tensor-core path beyond), triton_decode / triton_grouped (one path forced, on request), torch (dequantize the hit
+experts with the torch dequant, F.grouped_mm; at prefill that is a bf16 copy of every expert), torch_compile.
+Module-level functions (`triton_experts_gguf`, `torch_experts_gguf`, `reference_experts_gguf`) take the same
+arguments, so moe.shared_expert / moe.layer run a GGUF shared expert as E=1, K=1 (ids 0, weights 1).
+Cost: FLOPs 6*T*K*I*D; bytes n_e(T)*I*D*(2*84 + 110)/256 + 4*T*D, n_e from the routing (moe.md).
+"""
+
+import torch
+import torch.nn.functional as F
+from spark_bench.plugins.models import DEEPSEEK_V3, GLM_45, KIMI_LINEAR, tp_slices
+from spark_bench.plugins.moe.common import (
+    ROUTINGS,
+    X_STD,
+    draw_routing,
+    experts_hit,
+    format_weights,
+    routing_load,
+    silu_mul,
+)
+from spark_bench.plugins.quant import kquants
+
+from spark_bench import Axis, Cost, Op, Tolerance, probes
+from spark_bench.compiled import add_torch_compile
+from spark_bench.inputs import generator, randn
+
+W13_FORMAT, W2_FORMAT = "q2_k", "q3_k"
+DEQUANT_CHUNK = 16  # torch backend: experts dequantized at a time
+
+
+def make_inputs(p, *, device, dtype, seed):
+    gen = generator(device, seed)
+    T, D, E, K, I = p["tokens"], p["hidden"], p["experts"], p["topk"], p["inter"]
+    # random valid blocks with the bf16 experts' weight std (unit-variance gate/up pre-activations)
+    w13_q, w2_q = format_weights("q2k_q3k", E, D, I, gen, device=device, x_std=X_STD)
+    ids, weights = draw_routing(p["routing"], T, E, K, gen, device)
+    return {"x": randn((T, D), gen, dtype=dtype, device=device, std=X_STD), "topk_ids": ids,
+            "topk_weights": weights, "w13_q": w13_q, "w2_q": w2_q}
+
+
+def reference_experts_gguf(x, topk_ids, topk_weights, w13_q, w2_q):
+    """fp32, one hit expert at a time, on weights from the formula dequantizer (plugins/quant/kquants.py)."""
+    T, D = x.shape
+    I = w13_q.shape[1] // 2
+    y = torch.zeros((T, D), dtype=torch.float32, device=x.device)
+    for e in torch.unique(topk_ids).tolist():
+        t, k = (topk_ids == e).nonzero(as_tuple=True)
+        w13 = kquants.dequantize_reference(w13_q[e], W13_FORMAT)
+        w2 = kquants.dequantize_reference(w2_q[e], W2_FORMAT)
+        xt = x[t].float()
+        h = torch.nn.functional.silu(xt @ w13[:I].T) * (xt @ w13[I:].T)
+        y.index_add_(0, t, topk_weights[t, k, None].float() * (h @ w2.T))
+    return y
+
+
+def cost(p, dtype):
+    T, D, E, K, I = p["tokens"], p["hidden"], p["experts"], p["topk"], p["inter"]
+    n_e = experts_hit(p["routing"], T, E, K)
+    per_weight = 2 * kquants.bytes_per_weight(W13_FORMAT) + kquants.bytes_per_weight(W2_FORMAT)
+    return Cost(flops=6 * T * K * I * D, bytes=n_e * I * D * per_weight + 4 * T * D, tokens=T)
+
+
+def extra_info(inputs, p):
+    return routing_load(inputs["topk_ids"], p["experts"])
+
+
+def _valid(p):
+    if p["hidden"] % kquants.QK_K or p["inter"] % kquants.QK_K:
+        return f"GGUF K-quants need hidden and inter multiples of {kquants.QK_K}"
+    if p["topk"] > p["experts"]:
+        return "topk > experts"
+    return None
+
+
+def _preset(model):
+    """A model's shape with I sliced by each tensor-parallel degree that keeps it a multiple of 256."""
+    return {"hidden": [model["hidden"]], "experts": [model["experts"]], "topk": [model["topk"]],
+            "inter": [i for i in tp_slices(model["inter"]) if i % kquants.QK_K == 0]}
+
+
+op = Op(
+    name="moe.experts_gguf",
+    doc=__doc__,
+    make_inputs_fn=make_inputs,
+    reference=reference_experts_gguf,
+    cost=cost,
+    axes=[
+        Axis("tokens", [1, 2, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384],
+             quick=[1, 5, 33]),
+        Axis("hidden", [KIMI_LINEAR["hidden"]], quick=[256]),
+        Axis("experts", [KIMI_LINEAR["experts"]], quick=[8]),
+        Axis("topk", [KIMI_LINEAR["topk"]], quick=[2]),
+        Axis("inter", [KIMI_LINEAR["inter"]], quick=[256]),
+        Axis("routing", list(ROUTINGS), quick=["uniform"]),
+    ],
+    presets={m["name"]: _preset(m) for m in (KIMI_LINEAR, DEEPSEEK_V3, GLM_45)},
+    constraints=[_valid],
+    dtypes=["bf16"],
+    # measured on CPU: ours <= 6.5e-3 (grouped path: bf16 h and per-slot outputs, truncated by the interpreter),
+    # torch <= 5.5e-3. 1e-2 is NMSE 1e-4 (the bf16 experts' bound), inside moe.md's 5e-4 for GGUF paths.
+    tolerance={"bf16": Tolerance(1e-2)},
+    extra_info=extra_info,
+    rotate=("topk_ids", "topk_weights"),
+)
+
+
+def triton_experts_gguf(x, topk_ids, topk_weights, w13_q, w2_q, path="auto"):
+    """Ours: kernels/moe/experts_gguf.py (dequant inside the kernel)."""
+    from spark_bench.kernels.moe.experts_gguf import experts_gguf
+
+    return experts_gguf(x, topk_ids, topk_weights, w13_q, w2_q, path=path)
+
+
+def _triton_path(path):
+    def run(x, topk_ids, topk_weights, w13_q, w2_q):
+        return triton_experts_gguf(x, topk_ids, topk_weights, w13_q, w2_q, path=path)
+
+    run.__doc__ = f"Ours: kernels/moe/experts_gguf.py, dequant in registers, path={path}."
+    return run
+
+
+for _name, _path in (("triton", "auto"), ("triton_decode", "decode"), ("triton_grouped", "grouped")):
+    op.backend(_name, probe=probes.triton_kernel, labels=probes.triton_labels, default=_path == "auto")(
+        _triton_path(_path))
+
+
+def _dequantize_chunked(blocks, hit, fmt, dtype):
+    """The bf16 weights of experts `hit`, dequantized DEQUANT_CHUNK experts at a time (bounds the fp32
+    temporaries: a whole DeepSeek-V3 layer at prefill is 22.5 GB in bf16)."""
+    _, rows, nbytes = blocks.shape
+    out = torch.empty((hit.numel(), rows, nbytes // kquants.kquant(fmt).block_bytes * kquants.QK_K), dtype=dtype,
+                      device=blocks.device)
+    for c0 in range(0, hit.numel(), DEQUANT_CHUNK):
+        out[c0:c0 + DEQUANT_CHUNK] = kquants.dequantize_torch(blocks[hit[c0:c0 + DEQUANT_CHUNK]], fmt, dtype)
+    return out
+
+
+@op.backend("torch")
+def torch_experts_gguf(x, topk_ids, topk_weights, w13_q, w2_q):
+    """Eager torch, static shapes (no host sync): pairs sorted by expert, the hit experts (list padded to
+    min(E, T*K) with a repeat) dequantized by the torch bit-op dequantizer, two F.grouped_mm, weighted index_add."""
+    T, D = x.shape
+    K, E = topk_ids.shape[1], w13_q.shape[0]
+    flat = topk_ids.flatten().long()
+    order = flat.argsort(stable=True)
+    sorted_e = flat[order]
+    new = torch.ones_like(sorted_e, dtype=torch.bool)
+    new[1:] = sorted_e[1:] != sorted_e[:-1]
+    slot = new.long().cumsum(0) - 1  # the hit-expert slot of each sorted pair
+    n_slots = min(E, T * K)
+    hit = sorted_e[-1:].repeat(n_slots).scatter_(0, slot, sorted_e)
+    offs = torch.zeros(n_slots, dtype=torch.long, device=x.device).scatter_add_(0, slot, torch.ones_like(slot))
+    offs = offs.cumsum(0).to(torch.int32)
+    w13 = _dequantize_chunked(w13_q, hit, W13_FORMAT, x.dtype)
+    w2 = _dequantize_chunked(w2_q, hit, W2_FORMAT, x.dtype)
+    gate, up = F.grouped_mm(x[order // K], w13.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
+    out = F.grouped_mm(silu_mul(gate, up), w2.transpose(-2, -1), offs=offs)
+    out = out.float() * topk_weights.flatten()[order, None].float()
+    y = torch.zeros((T, D), dtype=torch.float32, device=x.device).index_add_(0, order // K, out)
+    return y.to(x.dtype)
+
+
+add_torch_compile(op)

@@ -1,0 +1,135 @@
+"""moe.experts_gguf: our dequant-in-kernel experts (both paths), the torch backend and the fp32 reference, checked
+against each other and against a naive fp64 token-by-slot loop on gguf's own dequantized weights."""
+
+import pytest
+import torch
+from spark_bench.kernels.moe.experts_gguf import experts_gguf
+from spark_bench.plugins.moe import experts_gguf as mod
+from spark_bench.plugins.moe.common import experts_hit_uniform
+from spark_bench.plugins.quant import kquants
+
+from spark_bench import get_op
+from spark_bench.check import check_outputs, poisoned_allocations
+
+OP = get_op("moe.experts_gguf")
+SMALL = {"hidden": 256, "inter": 256, "experts": 8, "topk": 2, "routing": "uniform"}
+
+
+def make(tokens, seed=0, **over):
+    return OP.make_inputs({**SMALL, "tokens": tokens, **over}, seed=seed)
+
+
+def check(out, inputs, ref=None):
+    ref = OP.reference(**inputs) if ref is None else ref
+    result = check_outputs(OP, out, ref, inputs, "bf16")
+    assert result["ok"], result["message"]
+    assert out.dtype == torch.bfloat16 and out.shape == inputs["x"].shape
+    return result["err_ratio"]
+
+
+def run(inputs, **kw):
+    with poisoned_allocations():  # unwritten outputs show up as NaN
+        return experts_gguf(inputs["x"], inputs["topk_ids"], inputs["topk_weights"], inputs["w13_q"],
+                            inputs["w2_q"], **kw)
+
+
+def naive(x, topk_ids, topk_weights, w13_q, w2_q):
+    """fp64, token by token and slot by slot, weights from gguf's numpy dequantizer."""
+    I = w13_q.shape[1] // 2
+    y = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for k in range(topk_ids.shape[1]):
+            e = int(topk_ids[t, k])
+            w13 = torch.from_numpy(kquants.dequantize_gguf(w13_q[e], "q2_k")).double()
+            w2 = torch.from_numpy(kquants.dequantize_gguf(w2_q[e], "q3_k")).double()
+            g, u = w13[:I] @ x[t].double(), w13[I:] @ x[t].double()
+            y[t] += float(topk_weights[t, k]) * (w2 @ (torch.nn.functional.silu(g) * u))
+    return y
+
+
+@pytest.mark.parametrize("path, tokens, experts, topk, seed", [
+    ("decode", 1, 8, 2, 0), ("decode", 5, 8, 2, 1), ("decode", 7, 8, 2, 2),
+    ("grouped", 1, 8, 2, 3),  # 6 idle experts
+    ("grouped", 64, 4, 1, 5),  # 16 pairs per expert: 16-row tiles
+    ("grouped", 300, 2, 1, 6),  # 150 pairs per expert: 64-row tiles
+])
+def test_triton_paths_match_reference(path, tokens, experts, topk, seed):
+    inputs = make(tokens, seed, experts=experts, topk=topk)
+    assert check(run(inputs, path=path), inputs) < 8e-3
+
+
+def test_decode_rows_sharing_a_pair():
+    """The GPU's decode configuration (a program's rows within one pair / token, loaded as scalars)."""
+    inputs = make(3, seed=8)
+    check(run(inputs, path="decode", rows_per_program=256), inputs)
+
+
+def test_reference_matches_naive_loop_on_gguf_weights():
+    inputs = make(5, seed=9)
+    torch.testing.assert_close(OP.reference(**inputs).double(), naive(**inputs), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [5, 64])
+def test_torch_backend_matches_reference(tokens):
+    inputs = make(tokens, seed=10)
+    check(OP.backends["torch"].fn(**inputs), inputs)
+
+
+@pytest.mark.parametrize("path", ["decode"])
+def test_fixed_ids_with_idle_experts(path):
+    """Hand-written ids over experts 0..4 of 8 (5, 6, 7 get no token), expert 4 on every token."""
+    inputs = make(7, seed=11)
+    ids = torch.tensor([[4, t % 4] for t in range(7)], dtype=torch.int32)
+    inputs["topk_ids"] = ids
+    assert OP.extra_info(inputs, {**SMALL, "tokens": 7})["experts_hit"] == 5
+    check(run(inputs, path=path), inputs)
+
+
+@pytest.mark.parametrize("path, tokens", [("decode", 6), ("grouped", 40)])  # grouped: 32-row tiles (E = 8)
+def test_all_tokens_on_one_expert(path, tokens):
+    inputs = make(tokens, seed=12, topk=1)
+    inputs["topk_ids"] = torch.full((tokens, 1), 3, dtype=torch.int32)
+    check(run(inputs, path=path), inputs)
+
+
+def test_worst_routing_load_and_result():
+    inputs = make(33, seed=13, routing="worst")
+    info = OP.extra_info(inputs, {**SMALL, "tokens": 33, "routing": "worst"})
+    assert info["load_max"] == 33 and info["experts_hit"] == 2
+    check(run(inputs), inputs)
+
+
+def test_single_expert_as_shared_expert():
+    """E = 1, K = 1, weight 1: the dense SwiGLU MLP (how moe.shared_expert calls us)."""
+    inputs = make(5, seed=14, experts=1, topk=1)
+    inputs["topk_ids"] = torch.zeros((5, 1), dtype=torch.int32)
+    inputs["topk_weights"] = torch.ones((5, 1))
+    ref = naive(**inputs)
+    for path in ("decode", "grouped"):
+        check(run(inputs, path=path), inputs, ref=ref)
+
+
+def test_check_catches_swapped_gate_and_up():
+    inputs = make(1, seed=15)
+    I = SMALL["inter"]
+    swapped = dict(inputs, w13_q=torch.cat([inputs["w13_q"][:, I:], inputs["w13_q"][:, :I]], dim=1))
+    result = check_outputs(OP, run(swapped), OP.reference(**inputs), inputs, "bf16")
+    assert not result["ok"]
+
+
+def test_rejects_non_kquant_shapes():
+    inputs = make(2, seed=16)
+    with pytest.raises(ValueError):
+        experts_gguf(inputs["x"], inputs["topk_ids"], inputs["topk_weights"], inputs["w13_q"][..., :-84],
+                     inputs["w2_q"])
+
+
+def test_cost_model():
+    p = {**SMALL, "tokens": 5}
+    c = OP.cost(p, "bf16")
+    n_e = experts_hit_uniform(5, 8, 2)
+    assert c.flops == 6 * 5 * 2 * 256 * 256
+    assert c.bytes == pytest.approx(n_e * 256 * 256 * (2 * 84 + 110) / 256 + 4 * 5 * 256)
+    worst = OP.cost({**p, "routing": "worst"}, "bf16")
+    assert worst.bytes == pytest.approx(2 * 256 * 256 * (2 * 84 + 110) / 256 + 4 * 5 * 256)
+    assert mod.op.rotate == ("topk_ids", "topk_weights")

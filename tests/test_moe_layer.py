@@ -1,0 +1,126 @@
+"""moe.shared_expert and moe.layer: bf16 and GGUF (q2k_q3k) against fp32 references and an independent dense
+formula, at T in {1, 5, 7, 64, 300}; per-stage breakdown consistent with the whole; near-tie tokens excluded, real
+errors caught."""
+
+import pytest
+import torch
+from spark_bench.plugins.moe import router
+
+from spark_bench import get_op
+from spark_bench.check import check_outputs
+
+SHARED = get_op("moe.shared_expert")
+LAYER = get_op("moe.layer")
+
+
+def call(op, name, inputs):
+    b = op.backends[name]
+    return (b.setup(b.fn, inputs) if b.setup else b.fn)(**inputs)
+
+
+def dense_formula(x, w1, w3, w2):
+    x = x.double()
+    return (torch.nn.functional.silu(x @ w1.double().T) * (x @ w3.double().T)) @ w2.double().T
+
+
+SHARED_CASES = [(b, s, t, h, i, "bf16") for b in ("triton", "torch")
+                for s, t, h, i in [(0, 1, 72, 40), (1, 7, 72, 40), (2, 300, 40, 24)]]
+SHARED_CASES += [("triton", 3, 5, 256, 256, "q2k_q3k"), ("torch", 4, 64, 256, 256, "q2k_q3k")]
+
+
+@pytest.mark.parametrize("backend, seed, tokens, hidden, inter, fmt", SHARED_CASES)
+def test_shared_expert(backend, seed, tokens, hidden, inter, fmt):
+    p = {"tokens": tokens, "hidden": hidden, "inter": inter, "format": fmt}
+    assert SHARED.invalid_reason(p) is None
+    inputs = SHARED.make_inputs(p, seed=seed)
+    out = call(SHARED, backend, inputs)
+    assert out.dtype == torch.bfloat16 and out.shape == (tokens, hidden)
+    check = check_outputs(SHARED, out, SHARED.reference(**inputs), inputs, "bf16")
+    assert check["ok"], check["message"]
+
+
+def test_shared_reference_is_the_dense_formula():
+    inputs = SHARED.make_inputs({"tokens": 5, "hidden": 256, "inter": 256, "format": "q2k_q3k"}, seed=9)
+    from spark_bench.plugins.quant import kquants
+
+    w13 = torch.from_numpy(kquants.dequantize_gguf(inputs["w13"][0], "q2_k"))  # gguf's own dequantizer
+    w2 = torch.from_numpy(kquants.dequantize_gguf(inputs["w2"][0], "q3_k"))
+    want = dense_formula(inputs["x"], w13[:256], w13[256:], w2)
+    torch.testing.assert_close(SHARED.reference(**inputs).double(), want, rtol=1e-4, atol=1e-5)
+    assert SHARED.invalid_reason({"tokens": 1, "hidden": 72, "inter": 256, "format": "q2k_q3k"}) is not None
+
+
+def layer_params(tokens, fmt="bf16", hidden=64, experts=8, topk=2, inter=48, groups=4, topk_groups=2):
+    return {"tokens": tokens, "hidden": hidden, "experts": experts, "topk": topk, "inter": inter, "groups": groups,
+            "topk_groups": topk_groups, "routed_scaling_factor": 2.5, "format": fmt}
+
+
+LAYER_CASES = [  # (backend, seed, tokens, format, groups, topk_groups): GGUF shapes are 4x larger, so fewer
+    *[("triton", s, t, "bf16", g, tg) for s, t, g, tg in [(0, 1, 4, 2), (1, 5, 1, 1), (2, 7, 4, 1), (3, 64, 4, 2),
+                                                           (4, 300, 1, 1)]],
+    *[("torch", s, t, "bf16", g, tg) for s, t, g, tg in [(5, 1, 1, 1), (6, 7, 4, 2), (7, 300, 4, 2)]],
+    ("triton_host", 8, 5, "bf16", 4, 2), ("triton_host", 9, 64, "bf16", 1, 1),
+    ("triton", 10, 1, "q2k_q3k", 4, 2), ("torch", 11, 7, "q2k_q3k", 1, 1)]
+
+
+@pytest.mark.parametrize("backend, seed, tokens, fmt, groups, topk_groups", LAYER_CASES)
+def test_layer_matches_reference(backend, seed, tokens, fmt, groups, topk_groups):
+    kw = {"hidden": 256, "inter": 256} if fmt == "q2k_q3k" else {}
+    p = layer_params(tokens, fmt, groups=groups, topk_groups=topk_groups, **kw)
+    assert LAYER.invalid_reason(p) is None
+    inputs = LAYER.make_inputs(p, seed=seed)
+    out = call(LAYER, backend, inputs)
+    assert out.dtype == torch.bfloat16 and out.shape == (tokens, p["hidden"])
+    check = check_outputs(LAYER, out, LAYER.reference(**inputs), inputs, "bf16")
+    assert check["ok"], check["message"]
+    assert check["near_tie_tokens"] == 0  # random fp32 bias: ties within 1e-5 are rare at these sizes
+
+
+def test_layer_reference_is_router_plus_experts_plus_shared():
+    inputs = LAYER.make_inputs(layer_params(6, experts=6, topk=2, groups=3, topk_groups=2), seed=4)
+    w, ids = router.reference(**{k: inputs[k] for k in ("x", "gate_w", "gate_bias", "gate_bias_host", "topk",
+                                                         "groups", "topk_groups", "routed_scaling_factor")})
+    I = 48
+    x, w13, w2 = inputs["x"], inputs["w13"], inputs["w2"]
+    want = dense_formula(x, inputs["shared_w13"][0, :I], inputs["shared_w13"][0, I:], inputs["shared_w2"][0])
+    for t in range(6):
+        for k in range(2):
+            e = int(ids[t, k])
+            want[t] += float(w[t, k]) * dense_formula(x[t:t + 1], w13[e, :I], w13[e, I:], w2[e])[0]
+    torch.testing.assert_close(LAYER.reference(**inputs).double(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_stages_compose_the_layer(backend):
+    inputs = LAYER.make_inputs(layer_params(9), seed=1)
+    stages = LAYER.backends[backend].stages(inputs)
+    assert [name for name, _ in stages] == ["router", "experts", "shared_expert", "add"]
+    results = {name: fn() for name, fn in stages}
+    weights, ids = results["router"]
+    assert ids.shape == (9, 2) and weights.shape == (9, 2)
+    torch.testing.assert_close(results["add"], results["experts"] + results["shared_expert"])
+    torch.testing.assert_close(results["add"].float(), call(LAYER, backend, inputs).float())
+
+
+def test_compare_skips_near_ties_and_catches_errors():
+    inputs = LAYER.make_inputs(layer_params(12, groups=1, topk_groups=1), seed=2)
+    ref = LAYER.reference(**inputs)
+    out = call(LAYER, "torch", inputs)
+    assert LAYER.compare(out, ref, inputs, "bf16")[1]
+    bad = out.clone()
+    bad[3] += 0.05
+    metrics, ok, _ = LAYER.compare(bad, ref, inputs, "bf16")
+    assert not ok and metrics["max_abs"] > 0.04
+    # make token 3 a near-tie: its (K+1)-th expert's bias lifted to 1e-7 below the K-th biased score
+    choice = (inputs["x"].double() @ inputs["gate_w"].double().T).sigmoid() + inputs["gate_bias"].double()
+    top = choice[3].topk(3)
+    inputs["gate_bias"][top.indices[2]] += float(top.values[1] - top.values[2]) - 1e-7
+    ref = LAYER.reference(**inputs)
+    out = call(LAYER, "torch", inputs)
+    assert LAYER.compare(out, ref, inputs, "bf16")[1]
+    bad = out.clone()
+    bad[3] += 0.05  # token 3 may route either way now: left out of the error
+    metrics, ok, msg = LAYER.compare(bad, ref, inputs, "bf16")
+    assert ok and metrics["near_tie_tokens"] >= 1, msg
+    bad[4] += 0.05
+    assert not LAYER.compare(bad, ref, inputs, "bf16")[1]

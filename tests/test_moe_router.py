@@ -1,0 +1,127 @@
+"""moe.router: id sets, weights and sum(w) against the fp64 reference and a per-token loop; the -inf group mask
+with negative biased scores; host selection against device selection; compare= rejects real mismatches."""
+
+import math
+
+import pytest
+import torch
+
+from spark_bench import get_op
+from spark_bench.check import check_outputs
+
+OP = get_op("moe.router")
+CPU_BACKENDS = ["triton", "torch", "host"]
+
+
+def params(tokens, hidden=72, experts=16, topk=4, groups=1, topk_groups=1, scale=2.5):
+    return {"tokens": tokens, "hidden": hidden, "experts": experts, "topk": topk, "groups": groups,
+            "topk_groups": topk_groups, "routed_scaling_factor": scale}
+
+
+def loop_router(x, gate_w, gate_bias, topk, groups, topk_groups, scale):
+    """Per-token Python selection from the formula (independent of the op's reference)."""
+    logits = x.double() @ gate_w.double().T
+    out_ids, out_w = [], []
+    E = gate_w.shape[0]
+    size = E // groups
+    for t in range(x.shape[0]):
+        score = [1 / (1 + math.exp(-v)) for v in logits[t].tolist()]
+        choice = [s + b for s, b in zip(score, gate_bias.double().tolist(), strict=True)]
+        gscore = [sum(sorted(choice[g * size:(g + 1) * size], reverse=True)[:2]) for g in range(groups)]
+        kept = sorted(range(groups), key=lambda g: -gscore[g])[:topk_groups]
+        allowed = [e for e in range(E) if e // size in kept] if groups > 1 else list(range(E))
+        ids = sorted(allowed, key=lambda e: -choice[e])[:topk]
+        w = [score[e] for e in ids]
+        out_ids.append(ids)
+        out_w.append([v / sum(w) * scale for v in w])
+    return torch.tensor(out_w, dtype=torch.float64), torch.tensor(out_ids)
+
+
+def call(name, inputs):
+    b = OP.backends[name]
+    return (b.setup(b.fn, inputs) if b.setup else b.fn)(**inputs)
+
+
+def assert_same_routing(out, ref, atol_w=1e-5):
+    (w, ids), (rw, rids) = out, ref
+    order, rorder = ids.long().argsort(-1), rids.long().argsort(-1)
+    assert torch.equal(ids.long().gather(1, order), rids.long().gather(1, rorder))
+    torch.testing.assert_close(w.double().gather(1, order), rw.double().gather(1, rorder), rtol=1e-5, atol=atol_w)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("seed, tokens, experts, topk, groups, topk_groups", [
+    (0, 1, 16, 4, 1, 1), (1, 7, 24, 3, 1, 1), (2, 37, 16, 4, 4, 2), (3, 5, 32, 6, 8, 3), (4, 19, 20, 2, 4, 1)])
+def test_backend_matches_reference(backend, seed, tokens, experts, topk, groups, topk_groups):
+    p = params(tokens, experts=experts, topk=topk, groups=groups, topk_groups=topk_groups)
+    assert OP.invalid_reason(p) is None
+    inputs = OP.make_inputs(p, seed=seed)
+    w, ids = call(backend, inputs)
+    assert w.dtype == torch.float32 and ids.dtype == torch.int32 and ids.shape == (tokens, topk)
+    check = check_outputs(OP, (w, ids), OP.reference(**inputs), inputs, "bf16")
+    assert check["ok"], check["message"]
+    assert check["mismatched_tokens"] == 0
+    torch.testing.assert_close(w.sum(-1).double(), torch.full((tokens,), 2.5, dtype=torch.float64),
+                               rtol=0, atol=1e-5)
+    assert (ids.sort(-1).values.diff(dim=-1) > 0).all(), "ids of a token must be distinct"
+    assert_same_routing((w, ids), loop_router(inputs["x"], inputs["gate_w"], inputs["gate_bias"], topk, groups,
+                                              topk_groups, 2.5))
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS + ["reference"])
+def test_negative_biased_scores_are_masked_with_minus_inf(backend):
+    """All biased scores negative: a 0.0 group mask (HF) would make the dropped groups win; -inf never does."""
+    p = params(9, experts=32, topk=4, groups=8, topk_groups=2)
+    inputs = OP.make_inputs(p, seed=11)
+    inputs["gate_bias"] = inputs["gate_bias"] - 2.0  # sigmoid < 1, so every choice is < 0
+    inputs["gate_bias_host"] = inputs["gate_bias"].cpu()
+    w, ids = call(backend, inputs)
+    ref_w, ref_ids = loop_router(inputs["x"], inputs["gate_w"], inputs["gate_bias"], 4, 8, 2, 2.5)
+    assert_same_routing((w, ids), (ref_w, ref_ids))
+    assert (ids // 4).unique(dim=None).numel() <= 9 * 2
+    for t in range(9):
+        assert len(set((ids[t] // 4).tolist())) <= 2, "ids from more groups than kept"
+    # the zero-mask variant really differs on this input, so the test discriminates between the two
+    logits = inputs["x"].float() @ inputs["gate_w"].float().T
+    choice = logits.sigmoid() + inputs["gate_bias"]
+    grouped = choice.view(9, 8, 4)
+    kept = grouped.topk(2, -1).values.sum(-1).topk(2, -1).indices
+    keep = torch.zeros(9, 8, dtype=torch.bool).scatter_(1, kept, True)
+    zero_masked = grouped.masked_fill(~keep[..., None], 0.0).view(9, 32).topk(4, -1).indices
+    assert not torch.equal(zero_masked.sort(-1).values, ids.long().sort(-1).values)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_host_and_device_selection_agree(seed):
+    inputs = OP.make_inputs(params(33, experts=24, topk=3, groups=4, topk_groups=2), seed=seed)
+    assert inputs["gate_bias_host"].device.type == "cpu"
+    assert_same_routing(call("host", inputs), call("triton", inputs), atol_w=1e-6)
+
+
+def test_compare_accepts_near_ties_and_rejects_real_mismatches():
+    inputs = OP.make_inputs(params(1, experts=16, topk=2), seed=4)
+    logits = inputs["x"].double() @ inputs["gate_w"].double().T
+    choice = logits.sigmoid() + inputs["gate_bias"].double()
+    first, second = choice[0].topk(2).indices.tolist()
+    other = next(e for e in range(16) if e not in (first, second))
+    # expert `other` ties with the 2nd choice to 1e-8 (bias moves the choice only): either pick is acceptable
+    inputs["gate_bias"][other] += float(choice[0, second] - choice[0, other]) - 1e-8
+    ref = OP.reference(**inputs)
+    assert set(ref[1][0].tolist()) == {first, second}
+    w, ids = call("torch", inputs)
+    swapped = torch.where(ids == second, other, ids)
+    metrics, ok, msg = OP.compare((w, swapped), ref, inputs, "bf16")
+    assert ok and metrics["near_tie_tokens"] == 1, msg
+    far = int(choice[0].argmin())
+    metrics, ok, _ = OP.compare((w, torch.where(ids == second, far, ids)), ref, inputs, "bf16")
+    assert not ok and metrics["mismatched_tokens"] == 1
+    assert not OP.compare((w * torch.tensor([[1.001, 1.0]]), ids), ref, inputs, "bf16")[1]
+    assert not OP.compare((w, torch.full_like(ids, first)), ref, inputs, "bf16")[1]  # repeated ids
+
+
+def test_quick_points_respect_group_constraints():
+    points = OP.points(quick=True)
+    assert points and all(OP.invalid_reason(p) is None for p in points)
+    assert OP.invalid_reason(params(1, experts=16, groups=4, topk_groups=4)) is not None
+    assert OP.invalid_reason(params(1, experts=16, topk=9, groups=4, topk_groups=2)) is not None
+    assert OP.points(preset="deepseek-v3")[0]["groups"] == 8
