@@ -190,6 +190,8 @@ class Op(_BackendHost):
     outputs is applied to the reference's result (with its own inputs) as well.
     extra_info(inputs, params) -> dict stored with every result of a case (e.g. realised expert load).
     rotate: input names redrawn between timed calls (from `input_sets` draws of the factory).
+    redraw(params, device=, dtype=, seed=) -> dict of just the `rotate` inputs: spares a full factory call (and a
+        second copy of the weights) per rotated set.
     """
 
     name: str
@@ -206,6 +208,7 @@ class Op(_BackendHost):
     outputs: Callable[[Any, dict[str, Any]], Any] | None = None
     extra_info: Callable[[dict[str, Any], Params], dict[str, Any]] | None = None
     rotate: Sequence[str] = ()
+    redraw: Callable[..., dict[str, Any]] | None = None
     doc: str = ""
     backends: dict[str, Backend] = dataclasses.field(default_factory=dict)
 

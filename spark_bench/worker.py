@@ -64,7 +64,8 @@ class CaseRunner:
         inputs = op.make_inputs(case.params, device=case.device, dtype=case.dtype, seed=seed)
         sets = [inputs]
         for i in range(1, n_sets if op.rotate else 1):
-            other = op.make_inputs(case.params, device=case.device, dtype=case.dtype, seed=seed + i)
+            draw = op.redraw or op.make_inputs_fn
+            other = draw(case.params, device=case.device, dtype=case.dtype, seed=seed + i)
             sets.append({**inputs, **{k: other[k] for k in op.rotate}})
         self.phase(case.case_id, "reference")
         ref_inputs = clone_inputs(inputs)

@@ -157,3 +157,9 @@ def router_weights(E: int, D: int, gen: torch.Generator, *, device, x_std: float
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
+
+
+def redraw_routing(p, *, device, dtype, seed) -> dict[str, torch.Tensor]:
+    """Just the routing of another timed input set (Op.redraw): the weights stay where they are."""
+    ids, weights = draw_routing(p["routing"], p["tokens"], p["experts"], p["topk"], generator(device, seed), device)
+    return {"topk_ids": ids, "topk_weights": weights}

@@ -12,7 +12,15 @@ Cost: 6 T K I D FLOPs; bytes n_e(T) I D (2 b13 + b2) + 4 T D + 8 T K with n_e(T)
 import torch
 import torch.nn.functional as F
 from spark_bench.plugins.models import DEEPSEEK_V3, GLM_45, KIMI_LINEAR, tp_slices
-from spark_bench.plugins.moe.common import ROUTINGS, draw_routing, expert_weights, experts_hit, routing_load, silu_mul
+from spark_bench.plugins.moe.common import (
+    ROUTINGS,
+    draw_routing,
+    expert_weights,
+    experts_hit,
+    redraw_routing,
+    routing_load,
+    silu_mul,
+)
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
 from spark_bench.compiled import add_torch_compile
@@ -120,6 +128,7 @@ op = Op(
     tolerance={"bf16": TOLERANCE},
     extra_info=extra_info,
     rotate=("topk_ids", "topk_weights"),
+    redraw=redraw_routing,
 )
 
 

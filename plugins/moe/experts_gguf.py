@@ -24,6 +24,7 @@ from spark_bench.plugins.moe.common import (
     draw_routing,
     experts_hit,
     format_weights,
+    redraw_routing,
     routing_load,
     silu_mul,
 )
@@ -110,6 +111,7 @@ op = Op(
     tolerance={"bf16": Tolerance(1e-2)},
     extra_info=extra_info,
     rotate=("topk_ids", "topk_weights"),
+    redraw=redraw_routing,
 )
 
 
