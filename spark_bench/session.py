@@ -104,8 +104,9 @@ class Session:
         store.repair_tail()
         return cls(store, spec, cfg, timeout_s, cls._cases(spec))
 
-    def execute(self, report: bool = True) -> int:
-        """Run what is left; print the tables; write the report. Exit code: 0 all passed, 1 any case failed."""
+    def execute(self, report: bool = True, executor: Any = None) -> int:
+        """Run what is left (on `executor`, default: local worker processes); print the tables; write the report.
+        Exit code: 0 all passed, 1 any case failed."""
         from spark_bench.console import SweepProgress
         from spark_bench.runner import pending
 
@@ -117,8 +118,10 @@ class Session:
             else (None, "CPU device")
         timeline = PhaseTimeline(tele)
         with SweepProgress(len(todo), out) as progress, timeline:
+            roofline = self.store.read_run().get("roofline")
             Runner(self.store, self.cfg, timeout_s=self.timeout_s, device=self.spec.device,
-                   on_phase=timeline.wrap(progress.phase), on_result=progress.result).run(todo)
+                   on_phase=timeline.wrap(progress.phase), on_result=progress.result, executor=executor,
+                   decorate=lambda record: add_roofline(record, roofline)).run(todo)
         records = self.store.read_results()
         summary = results.summarize_statuses(records)
         run = self.store.read_run()

@@ -1,0 +1,235 @@
+"""Local worker processes: crash isolation, per-phase timeouts, and one worker per device in parallel.
+
+Each case runs in a spawned worker process (spark_bench/worker.py). An exception becomes `error` (or `oom`), a
+segfault/abort/kill `crash` (with the signal and the tail of the worker's stderr, which holds faulthandler's stack),
+a phase that outlives the timeout `timeout` (the worker is killed); the worker is then replaced and the sweep goes on.
+With several slots (`--devices 0,1` or labels on CPU) one thread per slot drives its worker; results come back to the
+calling thread, which alone reports them. The Ray executor reuses `WorkerSlot` inside its actors.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+from spark_bench.executors.base import CaseQueue, Executor, RunContext, Sink, Slot, failed_record, parse_devices, stamp
+from spark_bench.sweep import Case
+
+STARTUP_TIMEOUT_S = 300.0
+_SPAWN_LOCK = threading.Lock()  # the worker's environment is the parent's at spawn time
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class Worker:
+    """One spawned worker process and its pipe."""
+
+    def __init__(self, device: str, log_dir: Path, env: dict[str, str] | None = None, label: str = "") -> None:
+        ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
+        self.conn, child = ctx.Pipe()
+        tag = "".join(c if c.isalnum() else "_" for c in label)
+        self.log_path = log_dir / f"worker-{tag + '-' if tag else ''}{time.time_ns()}.log"
+        from spark_bench import worker
+
+        self.process = ctx.Process(target=worker.main, args=(child, device, str(self.log_path)), daemon=True)
+        with _SPAWN_LOCK:
+            saved = {k: os.environ.get(k) for k in env or {}}
+            os.environ.update(env or {})
+            try:
+                self.process.start()
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+        child.close()
+        self.pid: int | None = None
+
+    def wait_ready(self) -> None:
+        msg = self.receive(STARTUP_TIMEOUT_S)
+        if msg is None or msg[0] != "ready":
+            detail = _tail(self.log_path)
+            self.kill()
+            raise RuntimeError(f"worker failed to start: {msg!r}\n{detail}")
+        self.pid = msg[1]
+
+    def receive(self, timeout: float) -> tuple | None:
+        """The next message, None on timeout, ('dead', exitcode) when the process died."""
+        ready = wait([self.conn, self.process.sentinel], timeout=max(timeout, 0.0))
+        if not ready:
+            return None
+        if self.conn in ready:
+            try:
+                return self.conn.recv()
+            except (EOFError, OSError):
+                pass
+        self.process.join(timeout=5)
+        return ("dead", self.process.exitcode)
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=10)
+        self.conn.close()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(("stop",))
+        except (OSError, ValueError):
+            pass
+        self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.kill()
+
+
+PhaseFn = Callable[[Case, str], None]
+
+
+class WorkerSlot:
+    """Runs cases one at a time in a (re)spawned worker pinned to one slot; every outcome becomes a record."""
+
+    def __init__(self, slot: Slot, ctx: RunContext, log_dir: Path) -> None:
+        self.slot, self.ctx, self.log_dir = slot, ctx, log_dir
+        self.worker: Worker | None = None
+        self.started = 0.0
+
+    def _worker(self) -> Worker:
+        if self.worker is None or not self.worker.process.is_alive():
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            self.worker = Worker(self.slot.device, self.log_dir, dict(self.slot.env), self.slot.label)
+            self.worker.wait_ready()
+        return self.worker
+
+    def retire(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker = None
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
+
+    def run_case(self, case: Case, on_phase: PhaseFn = lambda case, phase: None) -> dict[str, Any]:
+        worker = self._worker()
+        self.started = time.monotonic()  # after the worker is up: the timeline shows case time, not startup
+        return stamp(self._run_case(worker, case, on_phase), self.slot)
+
+    def _run_case(self, worker: Worker, case: Case, on_phase: PhaseFn) -> dict[str, Any]:
+        message = ("case", case.to_dict(), self.ctx.cfg.to_dict(), self.ctx.n_sets)
+        try:
+            worker.conn.send(message)
+        except (OSError, ValueError):  # the idle worker died since the last case: start another
+            self.retire()
+            worker = self._worker()
+            worker.conn.send(message)
+        timeout_s = self.ctx.timeout_s
+        phase, deadline = "queued", time.monotonic() + timeout_s
+        while True:
+            msg = worker.receive(deadline - time.monotonic())
+            if msg is None:
+                self.retire()
+                return failed_record(case, "timeout", f"no progress for {timeout_s:g} s in phase '{phase}' "
+                                     "(worker killed)", phase=phase)
+            if msg[0] == "phase":
+                phase, deadline = msg[2], time.monotonic() + timeout_s
+                on_phase(case, phase)
+            elif msg[0] == "result":
+                record = msg[1]
+                if record.pop("restart_worker", False):
+                    self.retire()
+                return record
+            elif msg[0] == "dead":
+                code = msg[1]
+                cause = f"killed by {_signal_name(code)}" if code is not None and code < 0 else f"exit code {code}"
+                hint = " (the kernel's OOM killer sends SIGKILL when memory runs out)" if code == -9 else ""
+                log = _tail(worker.log_path)
+                self.retire()
+                return failed_record(case, "crash", f"worker {cause}{hint} in phase '{phase}'", phase=phase,
+                                     worker_log_tail=log)
+
+
+class LocalExecutor(Executor):
+    """Spawned worker processes on this machine, one per slot (default: one on the run's device)."""
+
+    name = "local"
+
+    def __init__(self, slots: Sequence[Slot] | None = None, retries: int = 0) -> None:
+        self.slots = list(slots) if slots else None
+        self.retries = retries
+        self.timeline: list[tuple[str, str, float, float]] = []  # (slot, case_id, start, end), monotonic seconds
+
+    def describe(self) -> str:
+        slots = self.slots or []
+        return f"local, {len(slots) or 1} worker(s)" + (f" ({', '.join(s.label for s in slots)})" if slots else "")
+
+    def slots_count(self) -> int:
+        return len(self.slots or [None])
+
+    def run(self, cases: Sequence[Case], ctx: RunContext, sink: Sink) -> None:
+        slots = self.slots or parse_devices(None, ctx.device)
+        log_dir = ctx.log_dir or Path("logs")
+        work = CaseQueue(cases, self.retries, ctx.energy)
+        events: queue.Queue = queue.Queue()
+        runners = [WorkerSlot(slot, ctx, log_dir) for slot in slots]
+
+        def drive(runner: WorkerSlot) -> None:
+            try:
+                while (case := work.take(runner.slot)) is not None:
+                    events.put(("phase", case, "start"))
+                    record = runner.run_case(case, lambda c, p: events.put(("phase", c, p)))
+                    self.timeline.append((runner.slot.label, case.case_id, runner.started, time.monotonic()))
+                    if work.finish(runner.slot, case, record):
+                        events.put(("result", case, record))
+            except BaseException as exc:  # noqa: BLE001 - a worker that cannot start ends the sweep, reported
+                events.put(("error", None, exc))
+            finally:
+                runner.close()
+                events.put(("done", None, None))
+
+        threads = [threading.Thread(target=drive, args=(r,), name=f"slot-{r.slot.label}", daemon=True)
+                   for r in runners]
+        for t in threads:
+            t.start()
+        alive, error = len(threads), None
+        try:
+            while alive:
+                kind, case, payload = events.get()
+                if kind == "phase":
+                    sink.phase(case, payload)
+                elif kind == "result":
+                    sink.result(case, payload)
+                elif kind == "error":
+                    error = error or payload
+                    work.close()
+                else:
+                    alive -= 1
+        finally:
+            work.close()
+            for r in runners:
+                r.retire()  # unblocks a thread waiting on its worker; no-op after a clean close
+            for t in threads:
+                t.join(timeout=30)
+        if error is not None:
+            raise error

@@ -1,0 +1,190 @@
+"""Executors: fake CPU "devices" run in parallel and agree with in-process runs; the power-safe scheduling rule;
+retries; --devices parsing; --dry-run's estimate from stored results."""
+
+import importlib
+import itertools
+import json
+import threading
+import time
+
+import pytest
+from conftest import TESTS
+
+from spark_bench import results
+from spark_bench.executors import CaseQueue, make_executor, parse_devices
+from spark_bench.executors.inprocess import InProcessExecutor
+from spark_bench.executors.local import LocalExecutor
+from spark_bench.registry import Registry
+from spark_bench.runner import Runner
+from spark_bench.sweep import Case, UsageError
+from spark_bench.timing import TimingConfig
+
+FAST = TimingConfig(warmup_s=0.0, min_samples=2, max_samples=2, min_time_s=0.0, max_time_s=0.0, target_rel_ci=0.5)
+SLOW_S = 0.3
+CASES = ([Case("fault.scale", "slow", {"rows": r, "cols": 5}, "fp32", "cpu", 0) for r in (3, 5, 7, 9)]
+         + [Case("fault.scale", b, {"rows": 3, "cols": 5}, "fp32", "cpu", 0) for b in ("good", "raises", "wrong")])
+EXPECTED = {"slow": "ok", "good": "ok", "raises": "error", "wrong": "mismatch"}
+
+
+@pytest.fixture
+def fault_process(monkeypatch):
+    """This process and the workers it spawns load the fault plugin; the slow backend sleeps SLOW_S per call."""
+    monkeypatch.syspath_prepend(str(TESTS / "plugins"))
+    monkeypatch.setenv("SPARK_BENCH_PLUGINS", "fault_plugin")
+    monkeypatch.setenv("FAULT_SLOW_S", str(SLOW_S))
+
+
+def _run(tmp_path, name, executor, cases=CASES, energy=False):
+    store = results.RunStore(tmp_path / name)
+    store.create({"run_id": name})
+    return Runner(store, FAST, timeout_s=60, device="cpu", executor=executor, energy=energy).run(cases)
+
+
+def _span(timeline):
+    return max(end for *_, end in timeline) - min(start for _, _, start, _ in timeline)
+
+
+def _overlaps(timeline):
+    spans = sorted(timeline, key=lambda t: t[2])
+    return sum(1 for a, b in itertools.pairwise(spans) if b[2] < a[3])
+
+
+def test_fake_devices_run_in_parallel_and_agree_with_inprocess(tmp_path, fault_process):
+    import fault_plugin
+
+    reg = Registry()
+    reg.load_object("fault_plugin", fault_plugin)
+    inproc = InProcessExecutor(reg)  # one case at a time, this process
+    ref = _run(tmp_path, "inprocess", inproc)
+    # three fake devices: cpu0 alone on board b0, cpu1 and cpu2 sharing board b1 (never at once: energy is on)
+    local = LocalExecutor(parse_devices("cpu0@b0,cpu1@b1,cpu2@b1", "cpu"))
+    parallel = _run(tmp_path, "local", local, energy=True)
+
+    def outcome(records):
+        return {r["case_id"]: r["status"] for r in records}
+
+    assert outcome(ref) == outcome(parallel) == {c.case_id: EXPECTED[c.backend] for c in CASES}
+    workers = {r["worker"] for r in parallel}
+    assert "cpu0" in workers and workers & {"cpu1", "cpu2"} and workers <= {"cpu0", "cpu1", "cpu2"}
+    assert all(r["host"] and r["executor"] == "local" and r["device_index"] == r["worker"] for r in parallel)
+    assert all("cpu" not in r["case_id"].split("|")[2] for r in parallel)  # the device is not in the case identity
+    assert _overlaps(local.timeline) > 0 and _overlaps(inproc.timeline) == 0
+    assert _overlaps([t for t in local.timeline if t[0] in ("cpu1", "cpu2")]) == 0  # the board rule held
+    # Wall time from the first case's start to the last one's end (the parent's clock): 4 slow cases of >= 3 sleeps
+    # of SLOW_S each take >= 3.6 s in one worker, about half on two boards. Worker start-up (~10-30 s on a busy 2-core
+    # host, where concurrent start-ups contend for the cores) is left out: it is paid once per worker, not per case.
+    assert _span(local.timeline) < 0.8 * _span(inproc.timeline), (local.timeline, inproc.timeline)
+
+
+def _drive(queue, slots, seconds=0.02):
+    """Threads playing workers: each takes cases for its slot, 'runs' one, reports it; returns (slot, start, end)."""
+    spans, lock = [], threading.Lock()
+
+    def worker(slot):
+        while (case := queue.take(slot)) is not None:
+            t0 = time.monotonic()
+            time.sleep(seconds)
+            with lock:
+                spans.append((slot, t0, time.monotonic()))
+            queue.finish(slot, case, {"status": "ok"})
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in slots]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return spans
+
+
+def _max_concurrency(spans, key):
+    events = sorted([(t0, 1, key(s)) for s, t0, _ in spans] + [(t1, -1, key(s)) for s, _, t1 in spans])
+    running, peak = {}, 0
+    for _, delta, k in events:
+        running[k] = running.get(k, 0) + delta
+        peak = max(peak, running[k])
+    return peak
+
+
+@pytest.mark.parametrize("energy", [True, False])
+def test_scheduler_rule_with_fake_devices(energy):
+    # two labels on one GPU (never together), a second GPU on the first one's board, a GPU alone on its board
+    slots = parse_devices("a@b0,a@b0,c@b0,d@b1", "cpu")
+    cases = [Case("op", "x", {"i": i}, "fp32", "cpu", 0) for i in range(24)]
+    spans = _drive(CaseQueue(cases, retries=0, energy=energy), slots)
+    assert len(spans) == 24
+    assert _max_concurrency(spans, lambda s: s.gpu) == 1  # timing cases never share a GPU
+    board_peak = _max_concurrency(spans, lambda s: s.board)
+    assert board_peak == (1 if energy else 2)  # a and c share board b0
+    assert _max_concurrency(spans, lambda s: "all") >= 2  # different boards still run at the same time
+
+
+def test_crashed_case_is_requeued_up_to_retries():
+    case = Case("op", "x", {}, "fp32", "cpu", 0)
+    slot = parse_devices("cpu0", "cpu")[0]
+    queue = CaseQueue([case], retries=2, energy=False)
+    outcomes = []
+    for status in ("crash", "crash", "crash"):
+        assert queue.take(slot) == case
+        record = {"status": status, "error": f"worker died {len(outcomes)}"}
+        outcomes.append(queue.finish(slot, case, record))
+    assert outcomes == [False, False, True] and queue.take(slot) is None
+    assert record["attempts"] == 3 and record["earlier_errors"] == ["worker died 0", "worker died 1"]
+    ok_queue = CaseQueue([case], retries=2, energy=False)
+    ok_queue.take(slot)
+    assert ok_queue.finish(slot, case, {"status": "error"})  # errors are not retried
+
+
+def test_devices_and_executor_options():
+    slots = parse_devices("cpu0, cpu1@x", "cpu")
+    assert [(s.label, s.device, s.board) for s in slots] == [("cpu0", "cpu", "cpu0"), ("cpu1", "cpu", "x")]
+    assert dict(slots[0].env)["OMP_NUM_THREADS"].isdigit()
+    assert len(parse_devices("all", "cpu")) >= 1
+    assert parse_devices(None, "cpu")[0].label == "cpu"
+    with pytest.raises(UsageError, match="not a GPU"):
+        parse_devices("cpu0", "cuda")
+    with pytest.raises(UsageError, match="--device cuda"):
+        parse_devices("0", "cuda:1")
+    with pytest.raises(UsageError, match="--executor ray"):
+        make_executor("local", ray_address="127.0.0.1:6379")
+    with pytest.raises(UsageError, match="inprocess"):
+        make_executor("inprocess", devices="cpu0,cpu1")
+    with pytest.raises(UsageError, match="assigns GPUs itself"):
+        make_executor("ray", device="cuda:1")
+    with pytest.raises(UsageError, match="retries"):
+        make_executor("local", retries=-1)
+    assert make_executor("local", devices="cpu0,cpu1").slots_count() == 2
+
+
+def test_dry_run_estimates_from_stored_results(tmp_path, monkeypatch, fault_process):
+    import fault_plugin
+    from click.testing import CliRunner
+
+    from spark_bench import cli
+
+    registry_module = importlib.import_module("spark_bench.registry")  # the module (the package exports a function)
+
+    reg = Registry()
+    reg.load_object("fault_plugin", fault_plugin)
+    monkeypatch.setattr(registry_module, "_REGISTRY", reg)
+    monkeypatch.chdir(tmp_path)  # results/ is relative to the working directory
+    stored = tmp_path / "results" / "old"
+    stored.mkdir(parents=True)
+    exact = Case("fault.scale", "good", {"rows": 3, "cols": 5}, "fp32", "cpu", 0).case_id
+    lines = [{"case_id": exact, "op": "fault.scale", "backend": "good", "device": "cpu", "status": "ok",
+              "duration_s": d} for d in (1.0, 3.0, 2.0)]
+    lines.append({"case_id": "other", "op": "fault.scale", "backend": "slow", "device": "cpu", "status": "ok",
+                  "duration_s": 7.0})
+    (stored / "results.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{torn")
+    args = ["run", "--op", "fault.scale", "--backend", "good", "--backend", "slow", "--backend", "raises",
+            "--backend", "unavailable", "--device", "cpu", "--quick", "--devices", "cpu0,cpu1", "--dry-run"]
+    result = CliRunner().invoke(cli.main, args)
+    out = result.output
+    assert result.exit_code == 0, out
+    assert "fault.scale good rows=3 cols=5 fp32  ~2.00s (case)" in out
+    assert "fault.scale good rows=17 cols=5 fp32  ~2.00s (op+backend)" in out
+    assert "fault.scale slow rows=3 cols=5 fp32  ~7.00s (op+backend)" in out
+    assert "fault.scale raises rows=3 cols=5 fp32  ~5.00s (default)" in out
+    assert "skipped: needs a device nobody has" in out
+    # 2 + 2 + 7 + 7 + 5 + 5 = 28 s of case time, 14 s on two workers
+    assert "estimate: 28.0s of case time" in out and "on 2 workers: 14.0s" in out
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["old"]  # nothing ran, no run directory
