@@ -163,3 +163,13 @@ def redraw_routing(p, *, device, dtype, seed) -> dict[str, torch.Tensor]:
     """Just the routing of another timed input set (Op.redraw): the weights stay where they are."""
     ids, weights = draw_routing(p["routing"], p["tokens"], p["experts"], p["topk"], generator(device, seed), device)
     return {"topk_ids": ids, "topk_weights": weights}
+
+
+def add_triton_paths(op, run_experts, doc: str) -> None:
+    """`triton` (path auto: GEMV decode for small batches, else align + grouped GEMMs) plus `triton_decode` and
+    `triton_grouped`, which force one path and run only when asked by name; run_experts(**inputs, path=...)."""
+    from spark_bench import Backend, probes
+
+    for name, path in (("triton", "auto"), ("triton_decode", "decode"), ("triton_grouped", "grouped")):
+        op.add_backend(Backend(name, functools.partial(run_experts, path=path), probe=probes.triton_kernel,
+                               labels=probes.triton_labels, default=path == "auto", doc=f"{doc}, path={path}"))

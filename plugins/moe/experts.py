@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from spark_bench.plugins.models import DEEPSEEK_V3, GLM_45, KIMI_LINEAR, tp_slices
 from spark_bench.plugins.moe.common import (
     ROUTINGS,
+    add_triton_paths,
     draw_routing,
     expert_weights,
     experts_hit,
@@ -139,17 +140,7 @@ def triton_experts(x, topk_ids, topk_weights, w13, w2, path="auto"):
     return fused_experts(x, topk_ids, topk_weights, w13, w2, path=path)
 
 
-def _triton_path(path):
-    def run(x, topk_ids, topk_weights, w13, w2):
-        return triton_experts(x, topk_ids, topk_weights, w13, w2, path=path)
-
-    run.__doc__ = f"Ours: kernels/moe/experts.py, path={path} (auto: GEMV decode for small T*K, else grouped)."
-    return run
-
-
-for _name, _path in (("triton", "auto"), ("triton_decode", "decode"), ("triton_grouped", "grouped")):
-    op.backend(_name, probe=probes.triton_kernel, labels=probes.triton_labels, default=_path == "auto")(
-        _triton_path(_path))
+add_triton_paths(op, triton_experts, "Ours: kernels/moe/experts.py")
 
 
 @op.backend("torch")

@@ -21,6 +21,7 @@ from spark_bench.plugins.models import DEEPSEEK_V3, GLM_45, KIMI_LINEAR, tp_slic
 from spark_bench.plugins.moe.common import (
     ROUTINGS,
     X_STD,
+    add_triton_paths,
     draw_routing,
     experts_hit,
     format_weights,
@@ -30,7 +31,7 @@ from spark_bench.plugins.moe.common import (
 )
 from spark_bench.plugins.quant import kquants
 
-from spark_bench import Axis, Cost, Op, Tolerance, probes
+from spark_bench import Axis, Cost, Op, Tolerance
 from spark_bench.compiled import add_torch_compile
 from spark_bench.inputs import generator, randn
 
@@ -122,17 +123,7 @@ def triton_experts_gguf(x, topk_ids, topk_weights, w13_q, w2_q, path="auto"):
     return experts_gguf(x, topk_ids, topk_weights, w13_q, w2_q, path=path)
 
 
-def _triton_path(path):
-    def run(x, topk_ids, topk_weights, w13_q, w2_q):
-        return triton_experts_gguf(x, topk_ids, topk_weights, w13_q, w2_q, path=path)
-
-    run.__doc__ = f"Ours: kernels/moe/experts_gguf.py, dequant in registers, path={path}."
-    return run
-
-
-for _name, _path in (("triton", "auto"), ("triton_decode", "decode"), ("triton_grouped", "grouped")):
-    op.backend(_name, probe=probes.triton_kernel, labels=probes.triton_labels, default=_path == "auto")(
-        _triton_path(_path))
+add_triton_paths(op, triton_experts_gguf, "Ours: kernels/moe/experts_gguf.py, dequant in registers")
 
 
 def _dequantize_chunked(blocks, hit, fmt, dtype):

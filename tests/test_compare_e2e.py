@@ -1,0 +1,33 @@
+"""`spark-bench compare` on real stored runs: a re-run of the same build passes, an injected 20% slowdown fails."""
+
+import subprocess
+
+from conftest import spark_bench_cmd
+
+SWEEP = ["--op", "fault.scale", "--backend", "slow", "--backend", "good", "--quick", "--min-samples", "20",
+         "--max-time", "2", "--no-report"]
+
+
+def sweep(out, env, slow_s):
+    proc = subprocess.run(spark_bench_cmd("run", *SWEEP, "--out", out), env={**env, "FAULT_SLOW_S": slow_s},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def compare(base, new, env):
+    return subprocess.run(spark_bench_cmd("compare", base, new, "--threshold", "10%"), env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_compare_gates_a_real_regression(tmp_path, fault_env):
+    base = sweep(tmp_path / "base", fault_env, "0.010")
+    same = sweep(tmp_path / "same", fault_env, "0.010")
+    slower = sweep(tmp_path / "slower", fault_env, "0.012")
+
+    rerun = compare(base, same, fault_env)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+
+    regressed = compare(base, slower, fault_env)
+    assert regressed.returncode == 1, regressed.stdout + regressed.stderr
+    assert "slower" in regressed.stdout and "slow" in regressed.stdout
