@@ -235,6 +235,23 @@ def test_hostile_names_run_no_script(browser, tmp_path):
     assert browser.eval("document.querySelectorAll('main img').length") == 0
 
 
+def test_report_of_a_real_quick_run(browser, tmp_path):
+    """What `spark-bench run --quick` writes at its end opens offline, draws every chart, and names its backends."""
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "spark_bench", "run", "--op", "kda.gate", "--quick", "--out",
+                           str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    page = out / "report.html"
+    assert f"report: {page}" in proc.stdout
+    browser.open(page)
+    state = browser.eval(PLOTS)
+    assert browser.problems() == [] and state["errors"] == []
+    assert state["plots"] == state["expected"] >= 5
+    for backend in ("triton", "torch", "torch_compile"):
+        assert backend in state["legends"]
+    assert "interpreted" in page.read_text()  # the Triton numbers say they come from the interpreter
+
+
 if __name__ == "__main__":  # regenerate the docs screenshot
     if CHROMIUM is None:
         sys.exit("no chromium binary found")
