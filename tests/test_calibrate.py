@@ -110,3 +110,14 @@ def test_calibrate_cli(tmp_path, monkeypatch):
     assert text.exit_code == 0 and "bandwidth" in text.stdout and "matmul fp32" in text.stdout
     bad = runner.invoke(calibrate_cmd, ["--device", "tpu"])
     assert bad.exit_code == 2 and "unknown device" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_flops_peak_of_16_bit_dtypes_is_at_least_the_fp32_peak():
+    from spark_bench.telemetry.roofline import flops_peak, percent_of_peak
+
+    cpu = {"fp32": 0.072, "bf16": 0.0014}  # no native bf16: ops upcast, so fp32 is the ceiling
+    gpu = {"fp32": 60.0, "tf32": 400.0, "bf16": 790.0}
+    assert flops_peak(cpu, "bf16") == 0.072 and flops_peak(gpu, "bf16") == 790.0
+    assert flops_peak(gpu, "fp32") == 60.0 and flops_peak(gpu, "fp16") is None
+    pct = percent_of_peak(None, 0.036, "bf16", {"measured": {"tflops": cpu}})
+    assert pct["pct_flops_measured"] == 50.0

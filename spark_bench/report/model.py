@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_bench.results import ResultsError, load_run
+from spark_bench.telemetry.roofline import flops_peak
 
 __all__ = ["ResultsError", "RunData", "load_runs"]
 
@@ -156,7 +157,7 @@ def peaks(run: dict[str, Any], dtype: str | None = None) -> dict[str, dict[str, 
         for k in (f"tflops_{dtype}", "tflops"):
             v = d.get(k)
             if isinstance(v, dict):
-                v = v.get(str(dtype)) if dtype in v else max((x for x in v.values() if _num(x)), default=None)
+                v = flops_peak(v, str(dtype)) if dtype in v else max((x for x in v.values() if _num(x)), default=None)
             if _num(v):
                 p["tflops"] = float(v)
                 break

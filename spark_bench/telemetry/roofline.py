@@ -98,6 +98,16 @@ def _peak_dtype(dtype: str | None) -> str | None:
         return None
 
 
+def flops_peak(tflops: dict[str, float], dtype: str | None) -> float | None:
+    """The FLOP/s ceiling of a dtype: its own peak, and for 16-bit dtypes at least the fp32 peak, since an op may
+    compute them in fp32 (on CPUs without native bf16 the fp32 rate is the higher one; on GPUs the 16-bit one)."""
+    if not dtype or tflops.get(dtype) is None:
+        return None
+    if dtype in ("bf16", "fp16") and tflops.get("fp32"):
+        return max(tflops[dtype], tflops["fp32"])
+    return tflops[dtype]
+
+
 def _pct(value: float | None, peak: float | None) -> float | None:
     if value is None or not peak:
         return None
@@ -106,15 +116,15 @@ def _pct(value: float | None, peak: float | None) -> float | None:
 
 def percent_of_peak(gbps: float | None, tflops: float | None, dtype: str | None,
                     roofline: dict[str, Any] | None) -> dict[str, float | None]:
-    """Percent of the measured and the datasheet peaks of one result. FLOPs compare with the peak of the result's
-    dtype (fp32 with the non-tensor-core fp32 peak: above 100% means the kernel used TF32)."""
+    """Percent of the measured and the datasheet peaks of one result. FLOPs compare with `flops_peak` of the
+    result's dtype (fp32 with the non-tensor-core fp32 peak: above 100% means the kernel used TF32)."""
     roofline = roofline or {}
     key = _peak_dtype(dtype)
     out = {}
     for kind in ("measured", "datasheet"):
         entry = roofline.get(kind) or {}
         out[f"pct_bw_{kind}"] = _pct(gbps, entry.get("bandwidth_gbps"))
-        out[f"pct_flops_{kind}"] = _pct(tflops, (entry.get("tflops") or {}).get(key) if key else None)
+        out[f"pct_flops_{kind}"] = _pct(tflops, flops_peak(entry.get("tflops") or {}, key))
     return {k: out[k] for k in ("pct_bw_measured", "pct_bw_datasheet", "pct_flops_measured", "pct_flops_datasheet")}
 
 
