@@ -14,7 +14,7 @@ so in `notes`) when the call cannot be captured.
 
 Stopping: after `warmup_s` of calls, sample until the median's 95% CI half-width is under `target_rel_ci` of the median
 with at least `min_samples` samples and `min_time_s` elapsed, or until `max_time_s` / `max_samples` (recorded as
-`stop_reason`, `converged`).
+`stop_reason`; `converged` says whether the final CI met the target, whatever stopped the sampling).
 """
 
 from __future__ import annotations
@@ -134,8 +134,10 @@ def _warmup(call_at: Callable[[int], Any], seconds: float, sync: Call) -> int:
 
 def _record(samples_us: list[float], stop: str, timer: str, cfg: TimingConfig, warmup_s: float, measure_s: float,
             **extra: Any) -> dict[str, Any]:
-    return {"timer": timer, "unit": "us", **summarize(samples_us), "samples": [round(s, 4) for s in samples_us],
-            "converged": stop == "converged", "stop_reason": stop, "warmup_s": round(warmup_s, 4),
+    stats = summarize(samples_us)
+    converged = stop == "converged" or (stats["rel_ci"] is not None and stats["rel_ci"] <= cfg.target_rel_ci)
+    return {"timer": timer, "unit": "us", **stats, "samples": [round(s, 4) for s in samples_us],
+            "converged": converged, "stop_reason": stop, "warmup_s": round(warmup_s, 4),
             "measure_s": round(measure_s, 4), "l2_flush": cfg.flush, **extra}
 
 
