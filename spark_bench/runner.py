@@ -19,6 +19,7 @@ from spark_bench.executors.base import Executor, RunContext, Sink, failed_record
 from spark_bench.executors.local import STARTUP_TIMEOUT_S, LocalExecutor, Worker
 from spark_bench.sweep import Case
 from spark_bench.timing import TimingConfig
+from spark_bench.worker import ENERGY_ENV
 
 __all__ = ["STARTUP_TIMEOUT_S", "Runner", "Worker", "default_timeout", "failed_record", "pending"]
 
@@ -37,7 +38,7 @@ class Runner:
         self.decorate = decorate or (lambda record: None)
         self.executor = executor or LocalExecutor()
         if energy is None:  # energy is measured on CUDA unless `--no-energy` (SPARK_BENCH_ENERGY=0)
-            energy = device.startswith("cuda") and os.environ.get("SPARK_BENCH_ENERGY", "1") != "0"
+            energy = device.startswith("cuda") and os.environ.get(ENERGY_ENV, "1") != "0"
         self.energy = energy  # power-safe scheduling: one running case per board while energy is measured
 
     def run(self, cases: Sequence[Case]) -> list[dict[str, Any]]:
