@@ -9,8 +9,7 @@ compare= checks these semantics (per-expert slot sets, padding, tile experts), n
 """
 
 import torch
-from spark_bench.plugins.models import DEEPSEEK_V3, GLM_45, KIMI_LINEAR
-from spark_bench.plugins.moe.common import ROUTINGS, draw_topk_ids, routing_load
+from spark_bench.plugins.moe.common import ROUTINGS, TOKENS, draw_topk_ids, model_presets, routing_extra_info
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
 from spark_bench.compiled import add_torch_compile
@@ -70,10 +69,6 @@ def cost(p, dtype):
     return Cost(flops=0, bytes=4 * N + 4 * (N + E * (bm - 1)) + 4 * E, tokens=p["tokens"])
 
 
-def _model(m):
-    return {"experts": [m["experts"]], "topk": [m["topk"]]}
-
-
 op = Op(
     name="moe.align",
     doc=__doc__,
@@ -81,17 +76,17 @@ op = Op(
     reference=reference,
     cost=cost,
     axes=[
-        Axis("tokens", [1, 2, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384], quick=[1, 5, 33]),
+        Axis("tokens", TOKENS, quick=[1, 5, 33]),
         Axis("experts", [256, 160], quick=[13]),
         Axis("topk", [8], quick=[3]),
         Axis("block_m", [16, 64], quick=[16], doc="rows per tile of the grouped GEMM (BLOCK_M)"),
         Axis("routing", list(ROUTINGS), quick=["uniform", "worst"]),
     ],
-    presets={"kimi-linear": _model(KIMI_LINEAR), "deepseek-v3": _model(DEEPSEEK_V3), "glm-4.5": _model(GLM_45)},
+    presets=model_presets(("experts", "topk")),
     dtypes=["bf16"],
     tolerance={"bf16": Tolerance(0.0)},
     compare=compare,
-    extra_info=lambda inputs, p: routing_load(inputs["topk_ids"], p["experts"]),
+    extra_info=routing_extra_info,
 )
 
 

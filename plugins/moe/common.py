@@ -173,3 +173,28 @@ def add_triton_paths(op, run_experts, doc: str) -> None:
     for name, path in (("triton", "auto"), ("triton_decode", "decode"), ("triton_grouped", "grouped")):
         op.add_backend(Backend(name, functools.partial(run_experts, path=path), probe=probes.triton_kernel,
                                labels=probes.triton_labels, default=path == "auto", doc=f"{doc}, path={path}"))
+
+
+# --- sweeps shared by the MoE ops (moe.md: decode 1..256 including 5-8, prefill 512..16384) ---------------------------
+TOKENS = [1, 2, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+ROUTER_AXES = ("hidden", "experts", "topk", "groups", "topk_groups", "routed_scaling_factor")
+EXPERT_AXES = ("hidden", "experts", "topk", "inter")
+
+
+def model_presets(axes, inter_multiple_of: int = 1) -> dict[str, dict[str, list]]:
+    """{model name: {axis: [value]}} over `axes` for Kimi-Linear, DeepSeek-V3 and GLM-4.5; `inter` is sliced for each
+    tensor-parallel degree, keeping the slices that are multiples of `inter_multiple_of` (256 for GGUF blocks)."""
+    from spark_bench.plugins.models import DEEPSEEK_V3, GLM_45, KIMI_LINEAR, tp_slices
+
+    def preset(m):
+        out = {a: [m[a]] for a in axes if a != "inter"}
+        if "inter" in axes:
+            out["inter"] = [i for i in tp_slices(m["inter"]) if i % inter_multiple_of == 0]
+        return out
+
+    return {m["name"]: preset(m) for m in (KIMI_LINEAR, DEEPSEEK_V3, GLM_45)}
+
+
+def routing_extra_info(inputs, p) -> dict:
+    """Op.extra_info of ops fed routed ids: the realised per-expert load."""
+    return routing_load(inputs["topk_ids"], p["experts"])

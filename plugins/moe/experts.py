@@ -11,15 +11,18 @@ Cost: 6 T K I D FLOPs; bytes n_e(T) I D (2 b13 + b2) + 4 T D + 8 T K with n_e(T)
 
 import torch
 import torch.nn.functional as F
-from spark_bench.plugins.models import DEEPSEEK_V3, GLM_45, KIMI_LINEAR, tp_slices
+from spark_bench.plugins.models import KIMI_LINEAR
 from spark_bench.plugins.moe.common import (
+    EXPERT_AXES,
     ROUTINGS,
+    TOKENS,
     add_triton_paths,
     draw_routing,
     expert_weights,
     experts_hit,
+    model_presets,
     redraw_routing,
-    routing_load,
+    routing_extra_info,
     silu_mul,
 )
 
@@ -98,19 +101,6 @@ def cost(p, dtype, bytes_w13=2.0, bytes_w2=2.0):
                 tokens=T)
 
 
-def extra_info(inputs, p):
-    return routing_load(inputs["topk_ids"], p["experts"])
-
-
-def model_preset(m, **extra):
-    """A model's expert shapes, with the expert width sliced for each tensor-parallel degree."""
-    return {"hidden": [m["hidden"]], "experts": [m["experts"]], "topk": [m["topk"]],
-            "inter": tp_slices(m["inter"]), **extra}
-
-
-TOKENS = [1, 2, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
-PRESETS = {m["name"]: model_preset(m) for m in (KIMI_LINEAR, DEEPSEEK_V3, GLM_45)}
-
 op = Op(
     name="moe.experts",
     doc=__doc__,
@@ -125,9 +115,9 @@ op = Op(
         Axis("inter", [KIMI_LINEAR["inter"]], quick=[72]),
         Axis("routing", list(ROUTINGS), quick=["uniform", "worst"]),
     ],
-    presets=PRESETS,
+    presets=model_presets(EXPERT_AXES),
     tolerance={"bf16": TOLERANCE},
-    extra_info=extra_info,
+    extra_info=routing_extra_info,
     rotate=("topk_ids", "topk_weights"),
     redraw=redraw_routing,
 )

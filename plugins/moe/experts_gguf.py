@@ -17,16 +17,19 @@ Cost: FLOPs 6*T*K*I*D; bytes n_e(T)*I*D*(2*84 + 110)/256 + 4*T*D, n_e from the r
 
 import torch
 import torch.nn.functional as F
-from spark_bench.plugins.models import DEEPSEEK_V3, GLM_45, KIMI_LINEAR, tp_slices
+from spark_bench.plugins.models import KIMI_LINEAR
 from spark_bench.plugins.moe.common import (
+    EXPERT_AXES,
     ROUTINGS,
+    TOKENS,
     X_STD,
     add_triton_paths,
     draw_routing,
     experts_hit,
     format_weights,
+    model_presets,
     redraw_routing,
-    routing_load,
+    routing_extra_info,
     silu_mul,
 )
 from spark_bench.plugins.quant import kquants
@@ -71,22 +74,12 @@ def cost(p, dtype):
     return Cost(flops=6 * T * K * I * D, bytes=n_e * I * D * per_weight + 4 * T * D, tokens=T)
 
 
-def extra_info(inputs, p):
-    return routing_load(inputs["topk_ids"], p["experts"])
-
-
 def _valid(p):
     if p["hidden"] % kquants.QK_K or p["inter"] % kquants.QK_K:
         return f"GGUF K-quants need hidden and inter multiples of {kquants.QK_K}"
     if p["topk"] > p["experts"]:
         return "topk > experts"
     return None
-
-
-def _preset(model):
-    """A model's shape with I sliced by each tensor-parallel degree that keeps it a multiple of 256."""
-    return {"hidden": [model["hidden"]], "experts": [model["experts"]], "topk": [model["topk"]],
-            "inter": [i for i in tp_slices(model["inter"]) if i % kquants.QK_K == 0]}
 
 
 op = Op(
@@ -96,21 +89,20 @@ op = Op(
     reference=reference_experts_gguf,
     cost=cost,
     axes=[
-        Axis("tokens", [1, 2, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384],
-             quick=[1, 5, 33]),
+        Axis("tokens", TOKENS, quick=[1, 5, 33]),
         Axis("hidden", [KIMI_LINEAR["hidden"]], quick=[256]),
         Axis("experts", [KIMI_LINEAR["experts"]], quick=[8]),
         Axis("topk", [KIMI_LINEAR["topk"]], quick=[2]),
         Axis("inter", [KIMI_LINEAR["inter"]], quick=[256]),
         Axis("routing", list(ROUTINGS), quick=["uniform"]),
     ],
-    presets={m["name"]: _preset(m) for m in (KIMI_LINEAR, DEEPSEEK_V3, GLM_45)},
+    presets=model_presets(EXPERT_AXES, inter_multiple_of=kquants.QK_K),
     constraints=[_valid],
     dtypes=["bf16"],
     # measured on CPU: ours <= 6.5e-3 (grouped path: bf16 h and per-slot outputs, truncated by the interpreter),
     # torch <= 5.5e-3. 1e-2 is NMSE 1e-4 (the bf16 experts' bound), inside moe.md's 5e-4 for GGUF paths.
     tolerance={"bf16": Tolerance(1e-2)},
-    extra_info=extra_info,
+    extra_info=routing_extra_info,
     rotate=("topk_ids", "topk_weights"),
     redraw=redraw_routing,
 )

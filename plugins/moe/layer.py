@@ -14,7 +14,7 @@ The --quick sweep is bf16 only (the interpreted GGUF layer takes minutes); on CP
 """
 
 import torch
-from spark_bench.plugins.models import DEEPSEEK_V3, GLM_45, KIMI_LINEAR, tp_slices
+from spark_bench.plugins.models import KIMI_LINEAR
 from spark_bench.plugins.moe import common, router, shared_expert
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
@@ -126,12 +126,6 @@ def extra_info(inputs, p):
     return common.routing_load(ids, p["experts"])
 
 
-def _preset(m):
-    return {"hidden": [m["hidden"]], "experts": [m["experts"]], "topk": [m["topk"]], "inter": tp_slices(m["inter"]),
-            "groups": [m["groups"]], "topk_groups": [m["topk_groups"]],
-            "routed_scaling_factor": [m["routed_scaling_factor"]]}
-
-
 op = Op(
     name="moe.layer",
     doc=__doc__,
@@ -139,7 +133,7 @@ op = Op(
     reference=reference,
     cost=cost,
     axes=[
-        Axis("tokens", router.TOKENS, quick=[1, 5, 33]),
+        Axis("tokens", common.TOKENS, quick=[1, 5, 33]),
         Axis("hidden", [KIMI_LINEAR["hidden"]], quick=[136]),
         Axis("experts", [KIMI_LINEAR["experts"]], quick=[16]),
         Axis("topk", [KIMI_LINEAR["topk"]], quick=[3]),
@@ -150,7 +144,7 @@ op = Op(
              doc="scale of the renormalised routing weights"),
         Axis("format", list(common.FORMATS), quick=["bf16"]),
     ],
-    presets={m["name"]: _preset(m) for m in (KIMI_LINEAR, DEEPSEEK_V3, GLM_45)},
+    presets=common.model_presets((*common.ROUTER_AXES, "inter")),
     constraints=[router.valid_groups, common.format_constraint],
     tolerance={"bf16": TOLERANCE},
     compare=compare,

@@ -13,8 +13,7 @@ ids and weights copied back (a sync each way).
 """
 
 import torch
-from spark_bench.plugins.models import DEEPSEEK_V3, GLM_45, KIMI_LINEAR
-from spark_bench.plugins.moe.common import router_weights
+from spark_bench.plugins.moe.common import ROUTER_AXES, TOKENS, model_presets, router_weights
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
 from spark_bench.compiled import add_torch_compile
@@ -140,11 +139,6 @@ def cost(p, dtype):
     return Cost(flops=2 * T * E * D + 8 * T * E, bytes=2 * E * D + 2 * T * D + 4 * E + 8 * T * K, tokens=T)
 
 
-def _model(m, **extra):
-    return {"hidden": [m["hidden"]], "experts": [m["experts"]], "topk": [m["topk"]], "groups": [m["groups"]],
-            "topk_groups": [m["topk_groups"]], "routed_scaling_factor": [m["routed_scaling_factor"]], **extra}
-
-
 def valid_groups(p):
     G, TG, E, K = p["groups"], p["topk_groups"], p["experts"], p["topk"]
     if E % G or (G > 1 and E // G < 2):
@@ -156,8 +150,6 @@ def valid_groups(p):
     return None
 
 
-TOKENS = [1, 2, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
-PRESETS = {"kimi-linear": _model(KIMI_LINEAR), "deepseek-v3": _model(DEEPSEEK_V3), "glm-4.5": _model(GLM_45)}
 
 op = Op(
     name="moe.router",
@@ -174,7 +166,7 @@ op = Op(
         Axis("topk_groups", [1, 4], quick=[1, 2], doc="router groups kept per token"),
         Axis("routed_scaling_factor", [2.5], quick=[2.5], doc="scale of the renormalised routing weights"),
     ],
-    presets=PRESETS,
+    presets=model_presets(ROUTER_AXES),
     constraints=[valid_groups],
     tolerance={"bf16": Tolerance(WEIGHT_RTOL)},
     compare=compare,

@@ -10,7 +10,7 @@ dequantized per call). Cost: 6 T I D FLOPs; bytes 3 I D b + 4 T D (b = bytes per
 
 import torch
 import torch.nn.functional as F
-from spark_bench.plugins.models import DEEPSEEK_V3, GLM_45, KIMI_LINEAR, tp_slices
+from spark_bench.plugins.models import KIMI_LINEAR
 from spark_bench.plugins.moe import common
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
@@ -67,10 +67,6 @@ def cost(p, dtype):
     return Cost(flops=6 * T * I * D, bytes=I * D * (2 * b13 + b2) + 4 * T * D, tokens=T)
 
 
-def _preset(m):
-    return {"hidden": [m["hidden"]], "inter": tp_slices(m["inter"])}
-
-
 op = Op(
     name="moe.shared_expert",
     doc=__doc__,
@@ -78,13 +74,13 @@ op = Op(
     reference=reference,
     cost=cost,
     axes=[
-        Axis("tokens", [1, 2, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384],
+        Axis("tokens", common.TOKENS,
              quick=[1, 5, 33]),
         Axis("hidden", [KIMI_LINEAR["hidden"]], quick=[256]),
         Axis("inter", [KIMI_LINEAR["inter"]], quick=[72, 256]),
         Axis("format", list(common.FORMATS), quick=list(common.FORMATS)),
     ],
-    presets={m["name"]: _preset(m) for m in (KIMI_LINEAR, DEEPSEEK_V3, GLM_45)},
+    presets=common.model_presets(("hidden", "inter")),
     constraints=[common.format_constraint],
     tolerance={"bf16": TOLERANCE},
 )
