@@ -9,22 +9,12 @@ worth sweeping") sets the lengths itself and then runs once, at the first value 
 import torch
 import torch.nn.functional as F
 from spark_bench.plugins.kda import weights
+from spark_bench.plugins.kda.core_common import VARLEN
 from spark_bench.plugins.models import KIMI_LINEAR
 
 from spark_bench import Axis, Backend, Cost, probes
 from spark_bench.compiled import add_torch_compile
 from spark_bench.inputs import randn
-
-# name -> sequence lengths (the GPU names as in core_common.VARLEN). "tiny*" patterns are the quick (CPU) ones,
-# with several segments shorter than W-1 = 3.
-PATTERNS = {
-    "mixed6": [1300, 547, 2048, 963, 271, 3063],
-    "uniform8x1024": [1024] * 8,
-    "short5": [15, 85, 200, 900, 800],
-    "prefill+decode": [4096] + [1] * 255,
-    "tiny5": [1, 9, 2, 17, 3],
-    "tiny3": [2, 1, 5],
-}
 
 
 def seq_lengths(p) -> list[int]:
@@ -32,7 +22,7 @@ def seq_lengths(p) -> list[int]:
     name = p.get("varlen", "fixed")
     if name == "fixed":
         return [int(p["seq_len"])] * int(p["batch"])
-    return list(PATTERNS[name])
+    return list(VARLEN[name])
 
 
 def cu_seqlens(lengths: list[int], device) -> torch.Tensor:

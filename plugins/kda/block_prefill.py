@@ -12,6 +12,7 @@ Cost: the projections' 2*T*weights FLOPs plus the chunk core's; bytes = weights 
 
 from spark_bench.plugins.kda import block_common as bc
 from spark_bench.plugins.kda import chunk_prefill, core_common, gate, gated_rmsnorm, short_conv
+from spark_bench.plugins.kda.core_common import GPU_VARLEN
 from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
 
 from spark_bench import Axis, Op, Tolerance
@@ -62,7 +63,7 @@ op = Op(
     axes=[
         _batch,
         _seq_len,
-        Axis("varlen", ["fixed", *[k for k in bc.PATTERNS if not k.startswith("tiny")]], quick=["tiny5"]),
+        Axis("varlen", ["fixed", *GPU_VARLEN], quick=["tiny5"]),
         Axis("heads", [32, 16, 8, 4], quick=[2]),
         Axis("head_dim", [128], quick=[32]),
         Axis("hidden", [KIMI_LINEAR["hidden"]], quick=[80]),

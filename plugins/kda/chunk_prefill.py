@@ -75,7 +75,7 @@ op = Op(
     cost=cost,
     axes=[
         _BATCH, _SEQ_LEN,
-        Axis("varlen", ["fixed", "mixed6", "uniform8x1024", "short5", "prefill+decode"],
+        Axis("varlen", ["fixed", *cc.GPU_VARLEN],
              quick=["tiny4"], doc="fixed = batch x seq_len; else a pattern of core_common.VARLEN"),
         Axis("heads", [32, 16, 8, 4], quick=[3]),
         Axis("head_dim_k", [128], quick=[32]),

@@ -26,9 +26,13 @@ VARLEN = {
     "uniform8x1024": [1024] * 8,
     "short5": [15, 85, 200, 900, 800],
     "prefill+decode": [4096] + [1] * 255,
+    # quick (CPU) patterns: odd lengths around the chunk size, and several segments shorter than the conv's W-1 = 3
     "tiny4": [1, 63, 70, 5],
     "tiny-mixed": [40] + [1] * 3,
+    "tiny5": [1, 9, 2, 17, 3],
+    "tiny3": [2, 1, 5],
 }
+GPU_VARLEN = [name for name in VARLEN if not name.startswith("tiny")]  # kda.md's varlen shape sets
 
 
 def seq_lengths(p) -> list[int] | None:

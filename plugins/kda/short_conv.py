@@ -14,6 +14,7 @@ Cost: 2*W FLOPs per element; bytes = x in + y out + weight + state in and out.
 import torch
 import torch.nn.functional as F
 from spark_bench.plugins.kda import block_common
+from spark_bench.plugins.kda.core_common import GPU_VARLEN
 from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
@@ -85,7 +86,7 @@ op = Op(
     axes=[
         _batch,
         _seq_len,
-        Axis("varlen", ["fixed", *[k for k in block_common.PATTERNS if not k.startswith("tiny")]],
+        Axis("varlen", ["fixed", *GPU_VARLEN],
              quick=["fixed", "tiny5"]),
         Axis("heads", [32, 16, 8, 4], quick=[3]),
         Axis("head_dim", [128], quick=[60]),
