@@ -13,7 +13,9 @@ from rich.markup import escape
 from spark_bench import results, triton_env
 from spark_bench.console import console, failures_table, results_table, summary_line
 from spark_bench.devices import check_device, default_device
+from spark_bench.report.cli import compare, report
 from spark_bench.sweep import SweepSpec, UsageError, parse_set
+from spark_bench.telemetry.cli import calibrate, profile
 from spark_bench.timing import config_for
 
 RESULTS_ROOT = Path("results")
@@ -190,12 +192,5 @@ def show_cmd(run_dir: Path, failed: bool) -> None:
     out.print(summary_line(results.summarize_statuses(records)))
 
 
-def _add_feature_commands() -> None:
-    from spark_bench.report.cli import compare, report
-    from spark_bench.telemetry.cli import calibrate, profile
-
-    for command in (report, compare, calibrate, profile):
-        main.add_command(command)
-
-
-_add_feature_commands()
+for _command in (report, compare, calibrate, profile):  # the commands of the report and telemetry packages
+    main.add_command(_command)

@@ -18,7 +18,7 @@ def compile_count() -> int:
     dynamo_utils = sys.modules.get("torch._dynamo.utils")
     if dynamo_utils is None:
         return 0
-    return int(sum(dynamo_utils.counters["stats"].get(k, 0) for k in ("unique_graphs",)))
+    return int(dynamo_utils.counters["stats"].get("unique_graphs", 0))
 
 
 def _torch_compile_probe(device: str) -> str | None:
