@@ -125,6 +125,10 @@ class Backend:
     stages: Callable[[dict[str, Any]], list[tuple[str, Callable[[], Any]]]] | None = None
     traced: bool = False
 
+    def __call__(self, **inputs: Any) -> Any:
+        """`op.backends["triton"](**inputs)`: the backend's function on the op's inputs (no setup applied)."""
+        return self.fn(**inputs)
+
     def unavailable(self, device: str) -> str | None:
         """Why this backend cannot run on `device`, or None when it can."""
         if self.probe is None:

@@ -40,10 +40,6 @@ def _run(tmp_path, name, executor, cases=CASES, energy=False):
     return Runner(store, FAST, timeout_s=60, device="cpu", executor=executor, energy=energy).run(cases)
 
 
-def _span(timeline):
-    return max(end for *_, end in timeline) - min(start for _, _, start, _ in timeline)
-
-
 def _overlaps(timeline):
     spans = sorted(timeline, key=lambda t: t[2])
     return sum(1 for a, b in itertools.pairwise(spans) if b[2] < a[3])
@@ -70,10 +66,8 @@ def test_fake_devices_run_in_parallel_and_agree_with_inprocess(tmp_path, fault_p
     assert all("cpu" not in r["case_id"].split("|")[2] for r in parallel)  # the device is not in the case identity
     assert _overlaps(local.timeline) > 0 and _overlaps(inproc.timeline) == 0
     assert _overlaps([t for t in local.timeline if t[0] in ("cpu1", "cpu2")]) == 0  # the board rule held
-    # Wall time from the first case's start to the last one's end (the parent's clock): 4 slow cases of >= 3 sleeps
-    # of SLOW_S each take >= 3.6 s in one worker, about half on two boards. Worker start-up (~10-30 s on a busy 2-core
-    # host, where concurrent start-ups contend for the cores) is left out: it is paid once per worker, not per case.
-    assert _span(local.timeline) < 0.8 * _span(inproc.timeline), (local.timeline, inproc.timeline)
+    # Parallelism is proven by the overlap of recorded start/end times above, never by a wall-time speed-up: a loaded
+    # CI machine makes any clock comparison flaky (issue 15, item 9).
 
 
 def _drive(queue, slots, seconds=0.02):
