@@ -4,16 +4,18 @@
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import os
 import secrets
+import socket
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
 RUN_SCHEMA = "spark-bench/run"
-RUN_FILE, RESULTS_FILE = "run.json", "results.jsonl"
+RUN_FILE, RESULTS_FILE, LOCK_FILE = "run.json", "results.jsonl", ".lock"
 STATUSES = ("ok", "mismatch", "error", "crash", "timeout", "oom", "skipped")
 FAILED = ("mismatch", "error", "crash", "timeout", "oom")
 
@@ -42,10 +44,42 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
 
 
 class RunStore:
-    """One run directory. The parent process is the only writer of results.jsonl."""
+    """One run directory. The parent process is the only writer of results.jsonl, and `lock()` makes it the only
+    one: a second `run --resume`/`--out` of the same directory is refused while the first holds it."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
+        self._lock_fd: int | None = None
+
+    def lock(self) -> None:
+        """Own this run directory until the process ends (or `unlock()`): an exclusive flock on `<run>/.lock`, which
+        the kernel releases however the owner dies (kill -9 included), so a stale lock never blocks a resume.
+        Raises ResultsError naming the holder when another process owns it."""
+        import fcntl
+
+        if self._lock_fd is not None:
+            return
+        if self.path.exists() and not self.path.is_dir():
+            raise ResultsError(f"{self.path} is a file, not a run directory; choose another --out")
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise ResultsError(f"{self.path}: cannot lock the run directory ({exc.strerror})") from None
+            raise ResultsError(f"{self.path} is in use by {' '.join(holder.split())}: one process owns a run "
+                               "directory for the whole run; wait for it to end, then --resume") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {now()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
 
     @property
     def run_file(self) -> Path:
@@ -56,6 +90,8 @@ class RunStore:
         return self.path / RESULTS_FILE
 
     def create(self, run: dict[str, Any]) -> None:
+        if self.path.exists() and not self.path.is_dir():
+            raise ResultsError(f"{self.path} is a file, not a run directory; choose another --out")
         if self.results_file.exists() and self.results_file.stat().st_size > 0:
             raise ResultsError(f"{self.path} already holds results; use --resume {self.path} or another --out")
         self.path.mkdir(parents=True, exist_ok=True)

@@ -82,6 +82,7 @@ class Session:
         run_id = results.new_run_id(spec.device) if out is None else Path(out).name
         store = results.RunStore(out if out is not None else results_root / run_id)
         timeout_s = timeout if timeout is not None else default_timeout(spec.device)
+        store.lock()  # before anything is written: a second run of this directory is refused, naming this one
         check = preflight(spec.device) if spec.device.startswith("cuda") else None
         for warning in (check or {}).get("warnings", []):
             console(stderr=True).print(f"warning: {warning}", markup=False)
@@ -96,7 +97,9 @@ class Session:
     @classmethod
     def resume(cls, path: Path) -> Session:
         store = results.RunStore(path)
-        run = store.read_run()
+        store.read_run()  # a directory that is not a run is refused before it is locked (no .lock left in it)
+        store.lock()  # held until this process ends: a resume while the run is still going is refused
+        run = store.read_run()  # again, under the lock: what the previous owner left
         raw = dict(run["spec"])
         cfg = TimingConfig(**raw.pop("timing"))
         timeout_s = float(raw.pop("timeout_s"))
