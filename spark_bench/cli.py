@@ -13,6 +13,7 @@ from rich.markup import escape
 from spark_bench import results, triton_env
 from spark_bench.console import console, failures_table, results_table, summary_line
 from spark_bench.devices import check_device, default_device
+from spark_bench.history.cli import history
 from spark_bench.report.cli import compare, report
 from spark_bench.sweep import SweepSpec, UsageError, parse_set
 from spark_bench.telemetry.cli import calibrate, profile
@@ -134,9 +135,11 @@ def env_cmd(as_json: bool, device: str | None) -> None:
 @click.option("--retries", type=int, default=0, show_default=True,
               help="Run a case again, up to N times, when its worker died (crash, lost Ray node).")
 @click.option("--dry-run", is_flag=True, help="Print the cases and their estimated duration (from stored results).")
+@click.option("--history", "history_db", type=click.Path(path_type=Path), default=None, metavar="DB",
+              help="Add the run to this history database when it ends (see `spark-bench history`).")
 def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resume, timeout, seed, max_time,
             min_samples, target_ci, no_flush, timer, no_energy, no_report, executor_kind, devices, ray_address,
-            retries, dry_run) -> None:
+            retries, dry_run, history_db) -> None:
     """Sweep ops x backends x shapes x dtypes: check each case against the reference, then time it."""
     from spark_bench.session import Session
     from spark_bench.worker import ENERGY_ENV
@@ -170,9 +173,17 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
         print_plan(cases, pending(session.store, cases) if session else cases, executor.describe(),
                    executor.slots_count(), RESULTS_ROOT, echo=click.echo)
         sys.exit(0)
+    if history_db is not None:  # a foreign or corrupt database fails now, not after the sweep
+        from spark_bench.history import add_runs, connect
+
+        connect(history_db, create=True).close()
     if session is None:
         session = Session.create(spec, cfg, out, timeout, command=sys.argv, results_root=RESULTS_ROOT)
-    sys.exit(session.execute(report=not no_report, executor=executor))
+    code = session.execute(report=not no_report, executor=executor)
+    if history_db is not None:
+        counts = add_runs(history_db, [session.store.path])
+        click.echo(f"history {history_db}: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n))
+    sys.exit(code)
 
 
 @main.command("show")
@@ -194,3 +205,4 @@ def show_cmd(run_dir: Path, failed: bool) -> None:
 
 for _command in (report, compare, calibrate, profile):  # the commands of the report and telemetry packages
     main.add_command(_command)
+main.add_command(history)  # spark_bench/history: the performance history across runs and commits

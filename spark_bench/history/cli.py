@@ -1,0 +1,405 @@
+"""`spark-bench history ...`: ingest runs into the history database, list and show them, print one case's trend,
+gate on new regressions (`check`), write the trend report, prune old runs. docs/history.md."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import json
+import re
+import sqlite3
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from spark_bench.console import console
+from spark_bench.history import detect, gitinfo, query
+from spark_bench.history.store import DEFAULT_DB, HistoryError, add_runs, connect
+from spark_bench.results import ResultsError
+
+db_option = click.option("--db", type=click.Path(path_type=Path), default=DEFAULT_DB, show_default=True,
+                         help="The history database (SQLite).")
+fingerprint_option = click.option("--fingerprint", default=None,
+                                  help="Only this device fingerprint (id, id prefix, or device-name substring).")
+branch_option = click.option("--branch", default=None, help="Only runs of this branch.")
+threshold_option = click.option("--threshold", default="5%", show_default=True,
+                                help="Smallest step that counts (5%, 0.05).")
+repo_option = click.option("--repo", type=click.Path(path_type=Path), default=None,
+                           help="Git repository for commit times and suspect commits (default: around the cwd).")
+
+
+def _threshold(text: str) -> float:
+    from spark_bench.report.compare import CompareError, parse_threshold
+
+    try:
+        return parse_threshold(text)
+    except CompareError as exc:
+        raise HistoryError(str(exc)) from None
+
+
+def one_line_errors(f: Callable[..., Any]) -> Callable[..., Any]:
+    """SQLite failures (a corrupt page, a lock held past the busy timeout) become a one-line HistoryError."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except sqlite3.Error as exc:
+            raise HistoryError(f"history database: {' '.join(str(exc).split())}") from None
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def opened(db: Path) -> Iterator[sqlite3.Connection]:
+    con = connect(db)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+class HistoryGroup(click.Group):
+    """Standalone (`python -m spark_bench.history`) the group prints usage errors as one line and exits 2, like the
+    `spark-bench` group does for it when registered there."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+            sys.exit(0)
+        except click.UsageError as exc:
+            click.echo(f"spark-bench: error: {exc.format_message()}", err=True)
+            sys.exit(2)
+        except ResultsError as exc:
+            click.echo(f"spark-bench: error: {exc}", err=True)
+            sys.exit(2)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+
+
+@click.group("history", cls=HistoryGroup)
+def history() -> None:
+    """Performance history across runs and commits: ingest runs, trends, step detection, the nightly gate."""
+
+
+@history.command("add")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@db_option
+@click.option("--branch", default=None, help="Record the runs under this branch (default: the repository's current "
+                                              "branch when it contains the run's commit).")
+@repo_option
+@click.option("-q", "--quiet", is_flag=True, help="Only the totals.")
+@one_line_errors
+def add_cmd(run_dirs: tuple[Path, ...], db: Path, branch: str | None, repo: Path | None, quiet: bool) -> None:
+    """Ingest RUN_DIR... (run directories, or directories of runs such as results/) into the database. Adding a run
+    again changes nothing; a run whose files changed since (resumed) replaces its earlier copy."""
+    def each(path: Path, run_id: str, outcome: str) -> None:
+        if not quiet:
+            click.echo(f"{outcome:9s} {run_id}  ({path})")
+
+    counts = add_runs(db, run_dirs, repo=repo, branch=branch, on_run=each)
+    click.echo(f"history {db}: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+
+
+@history.command("list")
+@db_option
+@click.option("--runs", "show_runs", is_flag=True, help="List the runs themselves, newest first.")
+@fingerprint_option
+@branch_option
+@click.option("--limit", type=int, default=None, help="At most N runs (with --runs).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@one_line_errors
+def list_cmd(db: Path, show_runs: bool, fingerprint: str | None, branch: str | None, limit: int | None,
+             as_json: bool) -> None:
+    """Runs per device fingerprint and branch (with --runs: the runs)."""
+    with opened(db) as con:
+        rows = query.runs(con, fingerprint, branch, limit) if show_runs or fingerprint else query.fingerprints(
+            con, branch)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    out = console()
+    if show_runs or fingerprint:
+        table = Table(title=f"{len(rows)} runs in {db}")
+        for col in ("run", "device", "branch", "commit", "when", "cases", "failed"):
+            table.add_column(col)
+        for r in rows:
+            failed = sum(v for k, v in (r["summary"] or {}).items() if k in ("mismatch", "error", "crash", "timeout",
+                                                                             "oom"))
+            table.add_row(escape(r["run_id"]), escape(str(r["device"])), escape(r["branch"] or "-"),
+                          escape(_commit(r["commit"], r["dirty"])), escape(r["commit_time"] or r["created"] or "?"),
+                          str(r["cases"]), str(failed))
+    else:
+        table = Table(title=f"history {db}")
+        for col in ("fingerprint", "device", "branch", "runs", "first", "last", "latest commit"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["fingerprint_id"], escape(str(r["device"])), escape(r["branch"] or "-"), str(r["runs"]),
+                          escape(r["first"] or "?"), escape(r["last"] or "?"),
+                          escape(_commit(r["latest_commit"], False)))
+    out.print(table)
+
+
+def _commit(commit: str | None, dirty: bool | None) -> str:
+    return (commit[:10] + (" (dirty)" if dirty else "")) if commit else "no commit"
+
+
+@history.command("show")
+@click.argument("run_id")
+@db_option
+@click.option("--failed", is_flag=True, help="Only the cases that did not pass.")
+@click.option("--json", "as_json", is_flag=True, help="The stored run.json and records (samples included).")
+@one_line_errors
+def show_cmd(run_id: str, db: Path, failed: bool, as_json: bool) -> None:
+    """One stored run (RUN_ID or a unique prefix of it), as `spark-bench show` prints a run directory."""
+    from spark_bench.console import failures_table, results_table, summary_line
+    from spark_bench.results import summarize_statuses
+
+    with opened(db) as con:
+        stored = query.run(con, run_id)
+    records = [r for r in stored["results"] if not failed or r.get("status") != "ok"]
+    if as_json:
+        click.echo(json.dumps({"run": stored["run"], "results": records}, default=str))
+        return
+    run, out = stored["run"], console()
+    dev = (run.get("fingerprint") or {}).get("device") or {}
+    git = (run.get("fingerprint") or {}).get("git") or {}
+    out.print(results_table(records, title=f"{run.get('run_id')} on {dev.get('name', '?')} ({dev.get('type', '?')}) "
+                                           f"at {_commit(git.get('commit'), git.get('dirty'))}"))
+    fails = failures_table(records)
+    if fails is not None:
+        out.print(fails)
+    out.print(summary_line(summarize_statuses(stored["results"])))
+
+
+def _series(con: sqlite3.Connection, ops, backends, sets, dtypes, fingerprint, branch,
+            threshold: float) -> list[detect.Series]:
+    cases = query.select_cases(con, ops, backends, sets, dtypes)
+    rows = query.series_rows(con, [c.id for c in cases], fingerprint, branch)
+    return detect.all_series(cases, rows, threshold=threshold)
+
+
+@history.command("trend")
+@click.option("--op", "ops", multiple=True, required=True, help="Op name or glob.")
+@click.option("--backend", "backends", multiple=True, help="Backend (repeatable).")
+@click.option("--set", "sets", multiple=True, metavar="AXIS=V", help="Parameter value(s) of the case.")
+@click.option("--dtype", "dtypes", multiple=True, help="dtype.")
+@db_option
+@fingerprint_option
+@branch_option
+@threshold_option
+@click.option("--last", type=int, default=None, help="Print only the newest N points (detection uses all).")
+@repo_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@one_line_errors
+def trend_cmd(ops, backends, sets, dtypes, db, fingerprint, branch, threshold, last, repo, as_json) -> None:
+    """One case's series per device fingerprint, in commit order, with its detected steps."""
+    thr = _threshold(threshold)
+    with opened(db) as con:
+        cases = query.select_cases(con, ops, backends, sets, dtypes)
+        if not cases:
+            raise HistoryError("no stored case matches the selection (see `spark-bench history list`)")
+        if len(cases) > 1:
+            raise HistoryError(f"the selection matches {len(cases)} cases (e.g. {cases[0].label}; {cases[1].label}); "
+                               "narrow it with --backend, --set AXIS=V and --dtype")
+        series = detect.all_series(cases, query.series_rows(con, [cases[0].id], fingerprint, branch), threshold=thr)
+    repo_path = gitinfo.find_repo(repo) if any(s.steps for s in series) else None
+    for s in series:
+        for step in s.steps:
+            step.suspects = gitinfo.log_range(repo_path, step.last_good.commit, step.first_bad.commit)
+    if as_json:
+        click.echo(json.dumps([_series_json(s) for s in series], indent=1))
+        return
+    out = console()
+    if not series:
+        out.print(f"{escape(cases[0].label)}: no stored results")
+    for s in series:
+        steps = {st.index: st for st in s.steps}
+        table = Table(title=f"{escape(s.case.label)} on {escape(s.device)} ({s.fingerprint_id}): {len(s.points)} "
+                            f"points, noise ±{(s.sigma or 0) * 100:.2f}%")
+        for col in ("#", "commit", "when", "runs", "status", f"median {s.unit}", "95% CI", "n", "step"):
+            table.add_column(col, justify="right" if col in ("#", "n") or col.startswith("median") else "left")
+        first = len(s.points) - last if last else 0
+        for i, p in enumerate(s.points):
+            if i < first:
+                continue
+            st = steps.get(i)
+            mark = (f"[{'red' if st.direction == 'slower' else 'green'}]{st.direction} "
+                    f"{(st.ratio - 1) * 100:+.1f}% (conf {st.confidence:.3f})[/]") if st else ""
+            table.add_row(str(i), escape(p.label), escape(p.time or "?"), str(len(p.run_ids)), escape(p.status),
+                          _num(p.median), f"{_num(p.ci_low)}–{_num(p.ci_high)}" if p.median else "", str(p.n), mark)
+        out.print(table)
+        for st in s.steps:
+            _print_step(out, s, st)
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def _print_step(out, s: detect.Series, st: detect.Step) -> None:
+    out.print(f"  step {st.direction} {(st.ratio - 1) * 100:+.1f}% ({_num(st.before)} → {_num(st.after)} {s.unit}, "
+              f"confidence {st.confidence:.4f}) between {escape(st.last_good.label)} and "
+              f"{escape(st.first_bad.label)} (first run after: {escape(st.first_bad.run_ids[0])})", markup=True)
+    for line in (st.suspects or [])[:20]:
+        out.print(f"    {escape(line)}")
+
+
+def _series_json(s: detect.Series) -> dict[str, Any]:
+    return {"op": s.case.op, "backend": s.case.backend, "dtype": s.case.dtype, "params": s.case.params,
+            "fingerprint_id": s.fingerprint_id, "device": s.device, "unit": s.unit, "noise": s.sigma,
+            "points": [{"commit": p.commit, "time": p.time, "runs": p.run_ids, "status": p.status, "median": p.median,
+                        "ci_low": p.ci_low, "ci_high": p.ci_high, "n": p.n, "dirty": p.dirty} for p in s.points],
+            "steps": [{"index": st.index, **st.to_dict()} for st in s.steps]}
+
+
+DATE = re.compile(r"^\d{4}-\d{2}-\d{2}([T ][0-9:]+(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?$")
+
+
+def since_index(s: detect.Series, since: str, repo: Path | None) -> int:
+    """Index of the first point after `since` (a commit, exclusive as in `git log SINCE..`, or a date, inclusive)."""
+    if DATE.match(since):
+        when = gitinfo.utc(since if "T" in since or " " in since else since + "T00:00:00+00:00")
+        if when is None:
+            raise HistoryError(f"--since {since!r} is not a valid date")
+        return next((i for i, p in enumerate(s.points) if (p.time or "") >= when), len(s.points))
+    hits = [i for i, p in enumerate(s.points) if p.commit and p.commit.startswith(since)]
+    if hits:
+        return hits[-1] + 1
+    when = gitinfo.commit_time_of(repo, since)
+    if when is None:
+        raise HistoryError(f"--since {since!r}: no stored run of {s.device} has that commit and the repository does "
+                           "not know it (give a commit of a stored run, or a date YYYY-MM-DD)")
+    return next((i for i, p in enumerate(s.points) if (p.time or "") > when), len(s.points))
+
+
+@history.command("check")
+@click.option("--since", required=True, metavar="COMMIT|DATE",
+              help="Gate on steps first seen after this commit (exclusive) or on/after this date.")
+@click.option("--op", "ops", multiple=True, help="Op name or glob (repeatable). Default: every op.")
+@click.option("--backend", "backends", multiple=True, help="Backend (repeatable).")
+@db_option
+@fingerprint_option
+@branch_option
+@threshold_option
+@repo_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@one_line_errors
+def check_cmd(since, ops, backends, db, fingerprint, branch, threshold, repo, as_json) -> None:
+    """Exit 1 when a case stepped slower beyond the threshold (or stopped passing) after SINCE; the nightly gate.
+    Exit 0: nothing regressed; 2: usage error."""
+    thr = _threshold(threshold)
+    repo_path = gitinfo.find_repo(repo)
+    with opened(db) as con:
+        all_s = _series(con, ops, backends, (), (), fingerprint, branch, thr)
+    if not all_s:
+        raise HistoryError("no stored case matches the selection (see `spark-bench history list`)")
+    found, known = [], False
+    for s in all_s:
+        try:
+            start = since_index(s, since, repo_path)
+            known = True
+        except HistoryError:
+            continue  # this fingerprint never ran that commit; another may have
+        for st in s.steps:
+            if st.index >= start and st.direction == "slower":
+                st.suspects = gitinfo.log_range(repo_path, st.last_good.commit, st.first_bad.commit)
+                found.append((s, "slower", st))
+        pts = s.points
+        was_ok = any(p.status == "ok" for p in pts[:start])
+        if pts and start < len(pts) and was_ok and pts[-1].status not in ("ok", "skipped"):
+            found.append((s, "broken", None))
+    if not known:
+        since_index(all_s[0], since, repo_path)  # raises the one-line error
+    if as_json:
+        click.echo(json.dumps([{"op": s.case.op, "backend": s.case.backend, "dtype": s.case.dtype,
+                                "params": s.case.params, "fingerprint_id": s.fingerprint_id, "verdict": v,
+                                **(st.to_dict() if st else {"status": s.points[-1].status,
+                                                            "error": s.points[-1].error})}
+                               for s, v, st in found], indent=1))
+    else:
+        out = console(stderr=bool(found))
+        if not found:
+            out.print(f"history check: no case stepped slower than {thr:.0%} since {escape(since)} "
+                      f"({len(all_s)} series)")
+        else:
+            out.print(f"[bold red]REGRESSED[/]: {len(found)} case(s) since {escape(since)}")
+            for s, v, st in found:
+                out.print(f"  {escape(s.case.label)} on {escape(s.device)}: {v}"
+                          + ("" if st else f" ({escape(s.points[-1].status)}: {escape(s.points[-1].error or '')})"))
+                if st is not None:
+                    _print_step(out, s, st)
+    if found:
+        sys.exit(1)
+
+
+@history.command("report")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("trends.html"), show_default=True,
+              help="HTML file to write.")
+@click.option("--op", "ops", multiple=True, help="Op name or glob (repeatable). Default: every op.")
+@click.option("--backend", "backends", multiple=True, help="Backend (repeatable).")
+@db_option
+@fingerprint_option
+@branch_option
+@threshold_option
+@repo_option
+@click.option("--last", type=int, default=None, help="Chart only the newest N points per series.")
+@one_line_errors
+def report_cmd(output, ops, backends, db, fingerprint, branch, threshold, repo, last) -> None:
+    """One offline HTML page: detected regressions and improvements first, then a trend chart per op."""
+    from spark_bench.history.report import write_trends
+
+    thr = _threshold(threshold)
+    with opened(db) as con:
+        series = _series(con, ops, backends, (), (), fingerprint, branch, thr)
+    if not series:
+        raise HistoryError("no stored case matches the selection (see `spark-bench history list`)")
+    repo_path = gitinfo.find_repo(repo)
+    for s in series:
+        for st in s.steps:
+            st.suspects = gitinfo.log_range(repo_path, st.last_good.commit, st.first_bad.commit)
+    click.echo(str(write_trends(series, output, db=db, threshold=thr, last=last)))
+
+
+def parse_age(text: str) -> str:
+    """'90d', '12w', '6m' (months of 30 days), '1y', or a date -> the UTC cut-off timestamp."""
+    m = re.fullmatch(r"(\d+)\s*([dwmy])", text.strip())
+    if m:
+        days = int(m.group(1)) * {"d": 1, "w": 7, "m": 30, "y": 365}[m.group(2)]
+        return (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=days)).isoformat(timespec="seconds")
+    if DATE.match(text.strip()) and gitinfo.utc(text.strip()):
+        return gitinfo.utc(text.strip())  # type: ignore[return-value]
+    raise HistoryError(f"--older-than {text!r}: expected an age like 90d, 12w, 6m, 1y or a date YYYY-MM-DD")
+
+
+@history.command("prune")
+@db_option
+@click.option("--older-than", default=None, metavar="AGE|DATE", help="Drop runs created before this (90d, 2026-06-01).")
+@click.option("--keep", type=int, default=None, help="Keep only the newest N runs per fingerprint and branch.")
+@fingerprint_option
+@branch_option
+@click.option("--dry-run", is_flag=True, help="Print what would go; change nothing.")
+@one_line_errors
+def prune_cmd(db, older_than, keep, fingerprint, branch, dry_run) -> None:
+    """Drop old runs (by age, or beyond a count per fingerprint and branch) and the cases no run uses any more."""
+    from spark_bench.history.store import prune
+
+    if older_than is None and keep is None:
+        raise HistoryError("prune needs --older-than AGE and/or --keep N")
+    if keep is not None and keep < 1:
+        raise HistoryError("--keep must be at least 1")
+    cutoff = parse_age(older_than) if older_than else None
+    with opened(db) as con:
+        fp = query.resolve_fingerprint(con, fingerprint) if fingerprint else None
+        gone = prune(con, cutoff=cutoff, keep=keep, fingerprint_id=fp, branch=branch, dry_run=dry_run)
+    for run_id in gone:
+        click.echo(f"{'would drop' if dry_run else 'dropped'} {run_id}")
+    click.echo(f"history {db}: {len(gone)} run(s) {'would be ' if dry_run else ''}pruned")
