@@ -138,7 +138,10 @@ def connect(path: Path | str, create: bool = False) -> sqlite3.Connection:
     except HistoryError:
         con.close()
         raise
-    except sqlite3.DatabaseError as exc:
+    except sqlite3.OperationalError as exc:  # locked past the busy timeout, disk full, read-only file...
+        con.close()
+        raise HistoryError(f"{path}: {' '.join(str(exc).split())}") from None
+    except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
         con.close()
         raise HistoryError(f"{path}: not a spark-bench history database ({exc})") from None
     return con
