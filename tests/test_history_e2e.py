@@ -1,0 +1,44 @@
+"""`spark-bench run --history DB` and `spark-bench history ...` on real runs (the sleep-based test backend)."""
+
+import json
+import subprocess
+
+from conftest import spark_bench_cmd
+
+SWEEP = ["--op", "fault.scale", "--backend", "slow", "--backend", "good", "--quick", "--min-samples", "5",
+         "--max-time", "0.5", "--no-report"]
+
+
+def cli(env, *args, timeout=600):
+    return subprocess.run(spark_bench_cmd(*args), env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_run_with_history_then_query(tmp_path, fault_env):
+    db = tmp_path / "history.db"
+    env = {**fault_env, "FAULT_SLOW_S": "0.002"}
+    for name in ("a", "b"):
+        proc = cli(env, "run", *SWEEP, "--out", tmp_path / name, "--history", db)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"history {db}: 1 added" in proc.stdout
+    again = cli(env, "history", "add", "--db", db, tmp_path / "a", tmp_path / "b")
+    assert again.returncode == 0 and "0 added, 0 replaced, 2 unchanged" in again.stdout, again.stdout + again.stderr
+    listed = cli(env, "history", "list", "--db", db, "--runs", "--json")
+    runs = json.loads(listed.stdout)
+    assert sorted(r["run_id"] for r in runs) == ["a", "b"] and {r["cases"] for r in runs} == {4}
+    assert all(r["commit"] for r in runs)  # this checkout's commit, from the run's fingerprint
+    trend = cli(env, "history", "trend", "--db", db, "--op", "fault.scale", "--backend", "slow", "--set", "rows=17",
+                "--json")
+    assert trend.returncode == 0, trend.stderr
+    (series,) = json.loads(trend.stdout)
+    assert sum(len(p["runs"]) for p in series["points"]) == 2 and series["unit"] == "us"
+    assert all(p["median"] > 1500 for p in series["points"])  # a 2 ms sleep per call
+    check = cli(env, "history", "check", "--db", db, "--since", "2000-01-01")
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_run_with_a_foreign_history_fails_before_the_sweep(tmp_path, fault_env):
+    bad = tmp_path / "not.db"
+    bad.write_text("this is not a database, just text\n" * 100)
+    proc = cli(fault_env, "run", *SWEEP, "--out", tmp_path / "run", "--history", bad)
+    assert proc.returncode == 2 and "not a spark-bench history database" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
