@@ -39,12 +39,12 @@ def dump(db) -> dict:
                                                "FROM fingerprints")),
             "runs": sorted(con.execute("""SELECT r.run_id, r.digest, f.fingerprint_id, r.git_commit, r.dirty,
                                           r.commit_time, r.branch, r.created, r.finished, r.command, r.spec, r.summary,
-                                          r.run_json, r.source FROM runs r JOIN fingerprints f ON f.id = r.fingerprint
-                                          """)),
+                                          r.run_json, r.records, r.source
+                                          FROM runs r JOIN fingerprints f ON f.id = r.fingerprint""")),
             "cases": sorted(con.execute("SELECT op, backend, dtype, params FROM cases")),
             "results": sorted(con.execute("""SELECT r.run_id, c.op, c.backend, c.dtype, c.params, x.status, x.error,
                                              x.timer, x.unit, x.median, x.mean, x.min, x.max, x.p10, x.p90, x.iqr,
-                                             x.ci_low, x.ci_high, x.n, x.gbps, x.tflops, x.record, x.samples
+                                             x.ci_low, x.ci_high, x.n, x.gbps, x.tflops, x.samples
                                              FROM results x JOIN runs r ON r.id = x.run_ref
                                              JOIN cases c ON c.id = x.case_ref""")),
         }
@@ -79,14 +79,19 @@ def test_ingest_stores_everything_and_twice_is_a_no_op(tmp_path, small_history):
         assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert con.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION
         assert con.execute("SELECT COUNT(*) FROM cases").fetchone()[0] == 8
-        rec, samples, median, n = con.execute("SELECT record, samples, median, n FROM results LIMIT 1").fetchone()
+        blob, run_ref = con.execute("SELECT records, id FROM runs LIMIT 1").fetchone()
+        stored = json.loads(zlib.decompress(blob))[0]
+        samples, median, n = con.execute(
+            "SELECT samples, median, n FROM results x JOIN cases c ON c.id = x.case_ref WHERE x.run_ref = ? AND "
+            "c.op = ? AND c.backend = ? AND c.params = ?", (run_ref, stored["op"], stored["backend"],
+                                                           json.dumps(stored["params"], sort_keys=True,
+                                                                      separators=(",", ":")))).fetchone()
     finally:
         con.close()
-    # the record keeps everything but its samples, which are stored once as float64 (exactly)
+    # the records keep everything but their samples, which are stored once per case as float64 (exactly)
     from spark_bench.results import load_run
 
     _, records = load_run(small_history[0])
-    stored = json.loads(zlib.decompress(rec))
     original = next(r for r in records if r["case_id"] == stored["case_id"])
     assert "samples" not in stored["timing"] and stored["check"] == original["check"]
     import numpy as np

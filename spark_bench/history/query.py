@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from spark_bench.history.store import HistoryError
+from spark_bench.history.store import HistoryError, case_key
 
 ORDER = "COALESCE(r.commit_time, r.created), r.created, r.run_id"
 
@@ -109,13 +109,15 @@ def run(con: sqlite3.Connection, ref: str) -> dict[str, Any]:
                            + (f": {', '.join(r[1] for r in rows[:5])}" if rows else " (see `spark-bench history list "
                                                                                     "--runs`)"))
     ref_id, _, blob = rows[0]
-    records = []
-    for rec, samples in con.execute("SELECT record, samples FROM results WHERE run_ref = ? ORDER BY case_ref",
-                                    (ref_id,)):
-        r = json.loads(zlib.decompress(rec))
-        if samples is not None and isinstance(r.get("timing"), dict):
-            r["timing"]["samples"] = np.frombuffer(samples, dtype="<f8").tolist()
-        records.append(r)
+    samples = {(op, backend, dtype, params): data for op, backend, dtype, params, data in con.execute(
+        """SELECT c.op, c.backend, c.dtype, c.params, x.samples FROM results x JOIN cases c ON c.id = x.case_ref
+           WHERE x.run_ref = ?""", (ref_id,))}
+    (records_blob,) = con.execute("SELECT records FROM runs WHERE id = ?", (ref_id,)).fetchone()
+    records = json.loads(zlib.decompress(records_blob))
+    for r in records:
+        data = samples.get(case_key(r))
+        if data is not None and isinstance(r.get("timing"), dict):
+            r["timing"]["samples"] = np.frombuffer(data, dtype="<f8").tolist()
     return {"run": json.loads(zlib.decompress(blob)), "results": records}
 
 

@@ -4,10 +4,11 @@ Tables (schema version in `meta` and in `PRAGMA user_version`; docs/history.md):
 
     fingerprints  one row per device fingerprint_id (runs of different fingerprints never share a series)
     runs          run_id (unique), content digest, fingerprint, git commit/dirty, commit time, branch, created,
-                  finished, command, spec, summary, the whole run.json (zlib)
+                  finished, command, spec, summary, the whole run.json (zlib), and every record of the run without
+                  its samples (one zlib JSON list: compressed together, the records' repeated keys cost little)
     cases         (op, backend, dtype, params) — how a case is recognised across runs, as `compare` matches them
     results       one row per (run, case): status, error, timer, unit, median/mean/min/max/p10/p90/iqr/CI/n, GB/s,
-                  TFLOP/s, the record without its samples (zlib JSON) and the raw samples (little-endian float64)
+                  TFLOP/s and the raw samples (little-endian float64)
 
 Ingest is one IMMEDIATE transaction per run: a killed ingest leaves no half run, and two writers at once queue on
 SQLite's lock (busy timeout) instead of failing. A run whose files are unchanged is skipped; a run whose files changed
@@ -51,14 +52,14 @@ def _v1(con: sqlite3.Connection) -> None:
     CREATE TABLE runs (id INTEGER PRIMARY KEY, run_id TEXT NOT NULL UNIQUE, digest TEXT NOT NULL,
         fingerprint INTEGER NOT NULL REFERENCES fingerprints(id), git_commit TEXT, dirty INTEGER, commit_time TEXT,
         branch TEXT, created TEXT, finished TEXT, command TEXT, spec TEXT, summary TEXT, run_json BLOB NOT NULL,
-        source TEXT, added TEXT NOT NULL);
+        records BLOB NOT NULL, source TEXT, added TEXT NOT NULL);
     CREATE INDEX runs_by_fingerprint ON runs(fingerprint, commit_time, created);
     CREATE TABLE cases (id INTEGER PRIMARY KEY, op TEXT NOT NULL, backend TEXT NOT NULL, dtype TEXT NOT NULL,
         params TEXT NOT NULL, UNIQUE (op, backend, dtype, params));
     CREATE TABLE results (run_ref INTEGER NOT NULL REFERENCES runs(id), case_ref INTEGER NOT NULL REFERENCES cases(id),
         status TEXT NOT NULL, error TEXT, timer TEXT, unit TEXT, median REAL, mean REAL, min REAL, max REAL,
         p10 REAL, p90 REAL, iqr REAL, ci_low REAL, ci_high REAL, n INTEGER, gbps REAL, tflops REAL,
-        record BLOB, samples BLOB, PRIMARY KEY (run_ref, case_ref));
+        samples BLOB, PRIMARY KEY (run_ref, case_ref));
     CREATE INDEX results_by_case ON results(case_ref, run_ref);
     """.split(";"):
         if statement.strip():
@@ -161,19 +162,22 @@ def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x else None
 
 
-def _result_row(rec: dict[str, Any]) -> tuple[tuple[str, str, str, str], tuple[Any, ...]]:
+def case_key(rec: dict[str, Any]) -> tuple[str, str, str, str]:
+    return (str(rec.get("op")), str(rec.get("backend")), str(rec.get("dtype")),
+            json.dumps(rec.get("params") or {}, sort_keys=True, separators=(",", ":"), default=str))
+
+
+def _result_row(rec: dict[str, Any]) -> tuple[tuple[str, str, str, str], tuple[Any, ...], dict[str, Any]]:
+    """(case key, results row, the record without its samples)."""
     t = rec.get("timing") if isinstance(rec.get("timing"), dict) else None
     samples = t.get("samples") if t else None
     rest = {**rec, "timing": {k: v for k, v in t.items() if k != "samples"}} if t else rec
     blob = np.asarray(samples, dtype="<f8").tobytes() if samples else None
-    record = zlib.compress(json.dumps(rest, separators=(",", ":"), default=str).encode(), 6)
     stats = tuple(_num(t.get(k)) for k in STATS) if t else (None,) * len(STATS)
     n = int(stats[-1]) if stats[-1] is not None else None
-    key = (str(rec.get("op")), str(rec.get("backend")), str(rec.get("dtype")),
-           json.dumps(rec.get("params") or {}, sort_keys=True, separators=(",", ":"), default=str))
     row = (str(rec.get("status")), rec.get("error"), t.get("timer") if t else None, t.get("unit") if t else None,
-           *stats[:-1], n, _num(rec.get("gbps")), _num(rec.get("tflops")), record, blob)
-    return key, row
+           *stats[:-1], n, _num(rec.get("gbps")), _num(rec.get("tflops")), blob)
+    return case_key(rec), row, rest
 
 
 class Ingest:
@@ -200,6 +204,17 @@ class Ingest:
                                                  "AND params = ?", k).fetchone()[0]
         return [self.cases[k] for k in keys]
 
+    @staticmethod
+    def _peek_id(run_dir: Path) -> str:
+        try:
+            return str(json.loads((run_dir / RUN_FILE).read_text()).get("run_id") or run_dir.name)
+        except (OSError, ValueError, AttributeError):
+            return run_dir.name
+
+    def unchanged(self, run_dir: Path) -> bool:
+        row = self.con.execute("SELECT digest FROM runs WHERE run_id = ?", (self._peek_id(run_dir),)).fetchone()
+        return bool(row) and row[0] == digest_of(run_dir)
+
     def prepare(self, run_dir: Path) -> dict[str, Any]:
         """Read and convert one run outside any transaction (the lock is held only to write)."""
         digest = digest_of(run_dir)
@@ -208,8 +223,11 @@ class Ingest:
         fp = run.get("fingerprint") or {}
         git = fp.get("git") or {}
         dev = fp.get("device") or {}
-        rows = [_result_row(r) for r in latest.values()]
-        return {"dir": run_dir, "digest": digest, "run": run, "rows": rows, "fp": fp,
+        converted = [_result_row(r) for r in latest.values()]
+        rows = [(key, row) for key, row, _ in converted]
+        records = zlib.compress(json.dumps([rest for _, _, rest in converted], separators=(",", ":"),
+                                           default=str).encode(), 6)
+        return {"dir": run_dir, "digest": digest, "run": run, "rows": rows, "records": records, "fp": fp,
                 "fingerprint_id": str(fp.get("fingerprint_id") or "unknown"), "device": dev,
                 "commit": git.get("commit") or None, "dirty": git.get("dirty"), "branch": git.get("branch")}
 
@@ -234,17 +252,17 @@ class Ingest:
             dirty = None if p["dirty"] is None else int(bool(p["dirty"]))
             cur = con.execute(
                 "INSERT INTO runs (run_id, digest, fingerprint, git_commit, dirty, commit_time, branch, created, "
-                "finished, command, spec, summary, run_json, source, added) VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "finished, command, spec, summary, run_json, records, source, added) VALUES "
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run_id, p["digest"], fp_ref, p["commit"], dirty, commit_time, branch,
                  gitinfo.utc(run.get("created")), gitinfo.utc(run.get("finished")),
                  json.dumps(run.get("command"), default=str), json.dumps(run.get("spec"), default=str),
                  json.dumps(run.get("summary"), default=str),
-                 zlib.compress(json.dumps(run, default=str).encode(), 6), str(p["dir"]),
+                 zlib.compress(json.dumps(run, default=str).encode(), 6), p["records"], str(p["dir"]),
                  dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")))
             ref = cur.lastrowid
             ids = self._case_ids([k for k, _ in p["rows"]])
-            con.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            con.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                             [(ref, cid, *row) for cid, (_, row) in zip(ids, p["rows"], strict=True)])
         return "replaced" if old else "added"
 
@@ -253,7 +271,15 @@ class Ingest:
         """Ingest the runs (git facts looked up for a batch of runs at once); counts per outcome."""
         counts = {"added": 0, "replaced": 0, "unchanged": 0}
         for i in range(0, len(run_dirs), batch):
-            prepared = [self.prepare(d) for d in run_dirs[i:i + batch]]
+            todo = []
+            for d in run_dirs[i:i + batch]:
+                if self.unchanged(d):  # checked again under the write lock; this only skips the parsing
+                    counts["unchanged"] += 1
+                    if on_run is not None:
+                        on_run(d, self._peek_id(d), "unchanged")
+                else:
+                    todo.append(d)
+            prepared = [self.prepare(d) for d in todo]
             commits = [p["commit"] for p in prepared if p["commit"]]
             times = gitinfo.commit_times(self.repo, commits)
             branches = {} if self.branch else gitinfo.branch_of(self.repo, commits)
