@@ -71,7 +71,8 @@ def test_trend_prints_the_series_and_its_step(hist):
 @pytest.mark.parametrize("since, code", [
     (0, 1), (STEP_AT - 1, 1),  # the last good commit: the step came after it
     (STEP_AT, 0), (29, 0),     # `--since COMMIT` is exclusive, like `git log COMMIT..`
-    ("2026-09-01", 1), ("2026-09-17", 1), ("2026-09-18", 0),  # commit 17 is 2026-09-17T23:00Z: dates are inclusive
+    # run 17 was made 2026-09-18T02:00Z (its commit is of 2026-09-17T23:00Z): a date is inclusive, of the run
+    ("2026-09-01", 1), ("2026-09-18", 1), ("2026-09-18T02:00:00Z", 1), ("2026-09-18T03:00", 0), ("2026-09-19", 0),
 ])
 def test_check_gates_on_steps_after_since(hist, since, code):
     ref = hist["shas"][since][:12] if isinstance(since, int) else since

@@ -265,12 +265,13 @@ DATE = re.compile(r"^\d{4}-\d{2}-\d{2}([T ][0-9:]+(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})
 
 
 def since_index(s: detect.Series, since: str, repo: Path | None) -> int:
-    """Index of the first point after `since` (a commit, exclusive as in `git log SINCE..`, or a date, inclusive)."""
+    """Index of the first point after `since`: a commit (exclusive, as in `git log SINCE..`), or a date (inclusive;
+    the first point whose first run was made on or after it, whatever its commit's age)."""
     if DATE.match(since):
         when = gitinfo.utc(since if "T" in since or " " in since else since + "T00:00:00+00:00")
         if when is None:
             raise HistoryError(f"--since {since!r} is not a valid date")
-        return next((i for i, p in enumerate(s.points) if (p.time or "") >= when), len(s.points))
+        return next((i for i, p in enumerate(s.points) if (p.created or p.time or "") >= when), len(s.points))
     hits = [i for i, p in enumerate(s.points) if p.commit and p.commit.startswith(since)]
     if hits:
         return hits[-1] + 1
@@ -283,7 +284,7 @@ def since_index(s: detect.Series, since: str, repo: Path | None) -> int:
 
 @history.command("check")
 @click.option("--since", required=True, metavar="COMMIT|DATE",
-              help="Gate on steps first seen after this commit (exclusive) or on/after this date.")
+              help="Gate on steps after this commit (exclusive) or first measured on/after this date (UTC).")
 @click.option("--op", "ops", multiple=True, help="Op name or glob (repeatable). Default: every op.")
 @click.option("--backend", "backends", multiple=True, help="Backend (repeatable).")
 @db_option

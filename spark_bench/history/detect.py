@@ -50,6 +50,7 @@ class Point:
     dirty: bool = False
     branch: str | None = None
     error: str | None = None
+    created: str | None = None  # when the first of its runs was made
 
     @property
     def label(self) -> str:
@@ -114,7 +115,8 @@ def points_of(rows: Sequence[dict[str, Any]]) -> list[Point]:
                          run_ids=[r["run_id"] for r in rs], status="ok" if ok else rs[-1]["status"],
                          median=mid("median"), ci_low=mid("ci_low"), ci_high=mid("ci_high"),
                          n=sum(int(r["n"] or 0) for r in ok), dirty=any(r["dirty"] for r in rs),
-                         branch=first.get("branch"), error=None if ok else rs[-1].get("error")))
+                         branch=first.get("branch"), error=None if ok else rs[-1].get("error"),
+                         created=min((r["created"] for r in rs if r["created"]), default=None)))
     return out
 
 
