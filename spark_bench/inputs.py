@@ -12,7 +12,10 @@ from spark_bench.dtypes import torch_dtype
 
 
 def generator(device: str, seed: int) -> torch.Generator:
-    gen = torch.Generator(device=torch.device(device))
+    """A seeded generator for `device`; for the `meta` device (shapes only, nothing allocated: the offline kernel
+    gate) a CPU generator, which torch's meta factories accept and ignore."""
+    device = torch.device(device)
+    gen = torch.Generator(device="cpu" if device.type == "meta" else device)
     gen.manual_seed(int(seed))
     return gen
 
@@ -36,3 +39,8 @@ def log_uniform(shape, gen: torch.Generator, low: float, high: float, *, dtype="
 
     x = uniform(shape, gen, math.log(low), math.log(high), device=device)
     return x.exp().to(torch_dtype(dtype))
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A host (CPU) copy of a device input; a `meta` tensor (shapes only) stays as it is."""
+    return t if t.device.type == "meta" else t.cpu()

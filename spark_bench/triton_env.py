@@ -27,3 +27,24 @@ def configure(device: str | None = None) -> None:
 
     if not torch.cuda.is_available():
         os.environ[ENV] = "1"
+
+
+# Set while `spark_bench.kernelgate.capture` records launches without a GPU: the SM count of the target described.
+_capture_sm_count: int | None = None
+
+
+def set_capture_sm_count(count: int | None) -> None:
+    global _capture_sm_count
+    _capture_sm_count = count
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors of `device` for wrappers that size their grids by it: the GPU's own count, the
+    capture target's while launches are captured offline, 1 for the interpreter and CPU."""
+    if _capture_sm_count is not None:
+        return _capture_sm_count
+    if interpreting() or getattr(device, "type", str(device)) != "cuda":
+        return 1
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count

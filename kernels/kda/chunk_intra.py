@@ -16,7 +16,15 @@ much in bf16, and the interpreter's bf16 dot is broken anyway (kernels/common.py
 
 import triton
 import triton.language as tl
+from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import l2_normalize_rows
+
+# BKD: the K slice of the pairwise diagonal products ([BC, BC, BKD] tiles). 16 x 8 warps: 208 registers, no spills
+# on sm_90a (triton 3.9); the fp32 (IEEE, CUDA-core) path fits too.
+CONFIGS = declare(ConfigSpace(
+    "kda.chunk_intra._chunk_intra", key=("K", "V", "dtype"),
+    default={"BKD": 16, "num_warps": 8, "num_stages": 2},
+    candidates=[{"BKD": 16, "num_warps": 4, "num_stages": 2}, {"BKD": 32, "num_warps": 8, "num_stages": 2}]))
 
 
 @triton.jit
@@ -26,7 +34,7 @@ def _unit_lower_inverse(L, BC: tl.constexpr, PREC: tl.constexpr):
     o = tl.arange(0, BC)
     eye = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
     X = eye
-    for _ in tl.static_range(BC - 1):
+    for _ in range(BC - 1):  # a runtime loop: unrolled, its 15 dependent dots cost minutes of compile time
         X = eye - tl.dot(L, X, input_precision=PREC)
     return X
 
@@ -40,7 +48,7 @@ def _diag_block(q, k, gcum, rows, m_r, n_q, n_k, i_h, H: tl.constexpr, K: tl.con
     pair = (o_c[:, None] >= o_c[None, :]) & m_r[:, None] & m_r[None, :]
     d_qk = tl.zeros([BC, BC], dtype=tl.float32)
     d_kk = tl.zeros([BC, BC], dtype=tl.float32)
-    for ks in tl.static_range(0, BK, BKD):
+    for ks in range(0, BK, BKD):
         o_s = ks + tl.arange(0, BKD)
         mask = m_r[:, None] & (o_s < K)[None, :]
         offs = (rows[:, None] * H + i_h) * K + o_s[None, :]
@@ -58,22 +66,22 @@ def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                  BK: tl.constexpr, BV: tl.constexpr, BKD: tl.constexpr,
                  L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr):
+    """Row blocks i_b and, inside, earlier row blocks j_b are runtime loops over [BC, *] tiles: unrolled over whole
+    [BT, BK] tiles, the kernel held 255 registers x 8 warps, spilled, and compiled for minutes."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     start = tl.load(chunk_start + i_c).to(tl.int64)
     end = tl.load(chunk_end + i_c).to(tl.int64)
     if start >= end:
         return
-    o_t = tl.arange(0, BT)
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
-    rows_all = start + o_t
     last = tl.minimum(start + BT, end) - 1
     g_last = tl.load(gcum + (last * H + i_h) * K + o_k, mask=m_k, other=0.0)
-    for i_b in tl.static_range(BT // BC):
+    for i_b in range(0, BT // BC):
         r = start + i_b * BC
         if r < end:
             rows = r + o_c
@@ -94,34 +102,34 @@ def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk,
             b_beta = tl.load(beta + rows * H + i_h, mask=m_r, other=0.0).to(tl.float32)
             if BETA_SIGMOID:
                 b_beta = tl.where(m_r, tl.sigmoid(b_beta), 0.0)
-            # this block's rows against the chunk's earlier rows j < r: the decay split at r
+            mask_rv = m_r[:, None] & m_v[None, :]
+            offs_rv = (rows[:, None] * H + i_h) * V + o_v[None, :]
+            # block forward substitution: (I + L_bb) X_b = Diag(beta_b) rhs_b - sum_{j_b < i_b} L_b,j_b X_j_b
+            rhs_w = b_k * tl.exp(b_g) * b_beta[:, None]
+            rhs_u = tl.load(v + offs_rv, mask=mask_rv, other=0.0).to(tl.float32) * b_beta[:, None]
+            # this block's rows against earlier blocks j < r: the decay split at r, both factors <= 1
             g_r = tl.load(gcum + (r * H + i_h) * K + o_k, mask=m_k, other=0.0)
             e_r = tl.exp(tl.where(mask_rk, b_g - g_r[None, :], 0.0))
-            m_j = rows_all < r
-            mask_jk = m_j[:, None] & m_k[None, :]
-            offs_jk = (rows_all[:, None] * H + i_h) * K + o_k[None, :]
-            k_j = l2_normalize_rows(tl.load(k + offs_jk, mask=mask_jk, other=0.0).to(tl.float32), L2NORM)
-            g_j = tl.load(gcum + offs_jk, mask=mask_jk, other=0.0)
-            k_hat = tl.trans(k_j * tl.exp(tl.where(mask_jk, g_r[None, :] - g_j, 0.0)))
-            a_qk = tl.dot(b_q * e_r * scale, k_hat, input_precision=PREC)
-            a_kk = tl.dot(b_k * e_r, k_hat, input_precision=PREC) * b_beta[:, None]
+            q_r = b_q * e_r * scale
+            k_r = b_k * e_r
+            offs_a = (rows[:, None] * H + i_h) * BT
+            for j_b in range(0, i_b):
+                rows_j = start + j_b * BC + o_c  # all < r < end
+                offs_jk = (rows_j[:, None] * H + i_h) * K + o_k[None, :]
+                k_j = l2_normalize_rows(tl.load(k + offs_jk, mask=m_k[None, :], other=0.0).to(tl.float32), L2NORM)
+                g_j = tl.load(gcum + offs_jk, mask=m_k[None, :], other=0.0)
+                k_hat = tl.trans(k_j * tl.exp(tl.where(m_k[None, :], g_r[None, :] - g_j, 0.0)))
+                tl.store(aqk + offs_a + j_b * BC + o_c[None, :], tl.dot(q_r, k_hat, input_precision=PREC),
+                         mask=m_r[:, None])
+                a_kk = tl.dot(k_r, k_hat, input_precision=PREC) * b_beta[:, None]
+                w_j = tl.load(w + offs_jk, mask=m_k[None, :], other=0.0)
+                u_j = tl.load(u + (rows_j[:, None] * H + i_h) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+                rhs_w -= tl.dot(a_kk, w_j, input_precision=PREC)
+                rhs_u -= tl.dot(a_kk, u_j, input_precision=PREC)
             d_qk, d_kk = _diag_block(q, k, gcum, rows, m_r, n_q, n_k, i_h, H, K, BC, BK, BKD)
             d_qk = tl.where(o_c[:, None] >= o_c[None, :], d_qk * scale, 0.0)
             d_kk = tl.where(o_c[:, None] > o_c[None, :], d_kk * b_beta[:, None], 0.0)
-            offs_a = (rows[:, None] * H + i_h) * BT
-            tl.store(aqk + offs_a + o_t[None, :], a_qk, mask=m_r[:, None] & (o_t[None, :] < i_b * BC))
             tl.store(aqk + offs_a + i_b * BC + o_c[None, :], d_qk, mask=m_r[:, None])
-            # block forward substitution: (I + L_bb) X_b = Diag(beta_b) rhs_b - L_b,<b X_<b
-            mask_rv = m_r[:, None] & m_v[None, :]
-            offs_rv = (rows[:, None] * H + i_h) * V + o_v[None, :]
-            rhs_w = b_k * tl.exp(b_g) * b_beta[:, None]
-            rhs_u = tl.load(v + offs_rv, mask=mask_rv, other=0.0).to(tl.float32) * b_beta[:, None]
-            if i_b > 0:
-                offs_jv = (rows_all[:, None] * H + i_h) * V + o_v[None, :]
-                w_j = tl.load(w + offs_jk, mask=mask_jk, other=0.0)
-                u_j = tl.load(u + offs_jv, mask=m_j[:, None] & m_v[None, :], other=0.0)
-                rhs_w -= tl.dot(a_kk, w_j, input_precision=PREC)
-                rhs_u -= tl.dot(a_kk, u_j, input_precision=PREC)
             inv = _unit_lower_inverse(d_kk, BC, PREC)
             tl.store(w + offs_rk, tl.dot(inv, rhs_w, input_precision=PREC), mask=mask_rk)
             tl.store(u + offs_rv, tl.dot(inv, rhs_u, input_precision=PREC), mask=mask_rv)
@@ -142,9 +150,10 @@ def chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, n_chunks, *, scale,
     u = torch.empty(T, H, V, **f32)
     aqk = torch.empty(T, H, BT, **f32)
     BK = max(16, triton.next_power_of_2(K))
+    meta, options = split(CONFIGS.pick(K=K, V=V, dtype=str(q.dtype)))
+    meta["BKD"] = BK if interpret else min(BK, meta["BKD"])
     _chunk_intra[(n_chunks, H)](
         q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk, scale,
         H=H, K=K, V=V, BT=BT, BC=16, BK=BK, BV=max(16, triton.next_power_of_2(V)),
-        BKD=BK if interpret else min(BK, 32), L2NORM=l2norm, BETA_SIGMOID=beta_sigmoid, PREC=prec,
-        num_warps=8)
+        L2NORM=l2norm, BETA_SIGMOID=beta_sigmoid, PREC=prec, **meta, **options)
     return w, u, qd, kd, aqk

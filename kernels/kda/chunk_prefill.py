@@ -2,15 +2,18 @@
 
   0. chunk_prep.py   G = chunk-local cumsum of the decay (fused gate optional)                    grid (chunks, H)
   1. chunk_intra.py  A_qk, the UT transform W, U, and the decayed Qd, Kd (L2 norm, sigmoid fused)  grid (chunks, H)
-  2. chunk_state.py  the sequential pass over chunks: output and final state                      grid (N, H, V/BV)
+  2. chunk_state.py  the sequential pass over chunks: per-chunk states h, U' and the final state grid (N, H, V/BV)
+  3. chunk_output.py O = Qd h + Tril(A_qk) U', chunk-parallel                                     grid (V/BV, chunks, H)
 
-Intermediates are fp32 [T, H, *]. Varlen sequences never share a chunk; the chunk table is built on the device
+Intermediates are fp32 [T, H, *]; h is [chunks, H, K, V] bf16 (fp32 for fp32 inputs). Varlen sequences never
+share a chunk; the chunk table is built on the device
 (no host sync), so the call is graph-capturable for a fixed token count.
 """
 
 import torch
 from spark_bench.kernels.common import INTERPRET
 from spark_bench.kernels.kda.chunk_intra import chunk_intra
+from spark_bench.kernels.kda.chunk_output import chunk_output
 from spark_bench.kernels.kda.chunk_prep import chunk_cumsum, chunk_table
 from spark_bench.kernels.kda.chunk_state import chunk_state
 
@@ -34,13 +37,15 @@ def chunk_kda_prefill(q, k, v, g, beta, scale=None, initial_state=None, output_f
     v = v.reshape(total, H, V).contiguous()
     beta = beta.reshape(total, H).contiguous()
     prec = "ieee" if v.dtype == torch.float32 else "tf32"
-    start, end, n_chunks = chunk_table(cu_seqlens, total, BT)
+    start, end, n_chunks, first = chunk_table(cu_seqlens, total, BT)
     gcum = chunk_cumsum(g, start, end, n_chunks, BT=BT, gate=use_gate_in_kernel,
                         A_log=None if A_log is None else A_log.reshape(-1).contiguous(),
                         dt_bias=None if dt_bias is None else dt_bias.reshape(-1).contiguous())
     w, u, qd, kd, aqk = chunk_intra(q, k, v, beta, gcum, start, end, n_chunks, scale=scale, BT=BT,
                                     l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
                                     prec=prec, interpret=INTERPRET)
-    o, ht = chunk_state(w, u, qd, kd, aqk, gcum, cu_seqlens, initial_state=initial_state,
-                        output_final_state=output_final_state, out_dtype=v.dtype, prec=prec, interpret=INTERPRET)
+    h_dtype = torch.float32 if v.dtype == torch.float32 else torch.bfloat16
+    h, ht = chunk_state(w, u, kd, gcum, cu_seqlens, first, n_chunks, BT=BT, initial_state=initial_state,
+                        output_final_state=output_final_state, h_dtype=h_dtype, prec=prec, interpret=INTERPRET)
+    o = chunk_output(qd, h, u, aqk, start, end, n_chunks, out_dtype=v.dtype, prec=prec, interpret=INTERPRET)
     return o.view(B, T, H, V), ht

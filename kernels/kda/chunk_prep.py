@@ -58,9 +58,10 @@ def _chunk_cumsum(g, A_log, dt_bias, chunk_start, chunk_end, gcum, H: tl.constex
     tl.store(gcum + offs, tl.cumsum(b_g, axis=0), mask=mask)
 
 
-def chunk_table(cu_seqlens: torch.Tensor, total: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(start, end, n) of every chunk of every sequence, computed on the device without a host sync: `n` =
-    total // chunk + N is an upper bound of the chunk count; the spare entries have start == end (empty)."""
+def chunk_table(cu_seqlens: torch.Tensor, total: int, chunk: int):
+    """(start, end, n, first) of every chunk of every sequence, computed on the device without a host sync: `n` =
+    total // chunk + N is an upper bound of the chunk count; the spare entries have start == end (empty). A
+    sequence's chunks are numbered consecutively from first[seq] (int32 [N])."""
     cu = cu_seqlens.to(torch.int64)
     N = cu.numel() - 1
     lens = cu[1:] - cu[:-1]
@@ -73,7 +74,7 @@ def chunk_table(cu_seqlens: torch.Tensor, total: int, chunk: int) -> tuple[torch
     seq = seq.clamp(max=N - 1)
     start = cu[seq] + (c - (last[seq] - n_chunks[seq])) * chunk
     end = torch.where(valid, cu[seq + 1], start)
-    return start.to(torch.int32), end.to(torch.int32), n
+    return start.to(torch.int32), end.to(torch.int32), n, (last - n_chunks).to(torch.int32)
 
 
 def chunk_cumsum(g, chunk_start, chunk_end, n_chunks, *, BT, A_log=None, dt_bias=None, gate=False):

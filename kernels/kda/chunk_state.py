@@ -1,20 +1,68 @@
 """KDA chunk stage 2 (sequential over chunks): one program per (sequence, head, BV columns of V) carries the fp32
-state S [K, BV] through the sequence's chunks and writes the output:
+state S [K, BV] through the sequence's chunks. Per chunk c it stores the state it starts from and the corrected
+values, then steps:
 
-    U' = U - W S;   O = Qd S + Tril(A_qk) U';   S = exp(G_last)[:, None] * S + Kd^T U'
+    h[c] = S;   U' = U - W S   (written over U);   S = exp(G_last)[:, None] * S + Kd^T U'
 
-Every factor is bounded (Qd, Kd and exp(G_last) carry decays <= 1). Dot operands fp32, see chunk_intra.py.
+The output O = Qd h[c] + Tril(A_qk) U' is chunk-parallel (chunk_output.py), as in fla's chunk_delta_h + chunk_o
+split: the serial pass carries only 2 dots per state tile, so it stays in registers on the fp32 path too.
+S is held as two register tiles of BKT = K/2 rows (fla keeps up to four 64-row tiles). Dot operands fp32: tf32
+for 16-bit inputs, tf32x3 (fp32-accurate on tensor cores; IEEE dots run on CUDA cores and spill) for fp32.
 """
 
 import torch
 import triton
 import triton.language as tl
+from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import to_output_dtype
+
+CONFIGS = declare(ConfigSpace(
+    "kda.chunk_state._chunk_state", key=("K", "V", "dtype"),
+    default={"BV": 32, "num_warps": 4, "num_stages": 1},
+    candidates=[{"BV": 16, "num_warps": 4, "num_stages": 1}, {"BV": 64, "num_warps": 8, "num_stages": 1},
+                {"BV": 32, "num_warps": 4, "num_stages": 2}]))
 
 
 @triton.jit
-def _chunk_state(w, u, qd, kd, aqk, gcum, cu_seqlens, h0, o, ht,
-                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+def tile(ptr, rows, m_rows, i_h, o_c, m_c, H: tl.constexpr, C: tl.constexpr):
+    """The [rows, o_c] tile of head i_h of a [T, H, C] tensor (zeros where masked)."""
+    return tl.load(ptr + (rows[:, None] * H + i_h) * C + o_c[None, :], mask=m_rows[:, None] & m_c[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _state_step(S, k0, w, kd, g_last, rows, m_t, i_h, b_u, H: tl.constexpr, K: tl.constexpr, BKT: tl.constexpr,
+                PREC: tl.constexpr):
+    """exp(G_last) S_tile + Kd[rows, k0:k0+BKT]^T U' for the state tile of K rows k0 .. k0+BKT."""
+    o_k = k0 + tl.arange(0, BKT)
+    decay = tl.exp(tl.load(g_last + o_k, mask=o_k < K, other=0.0))
+    kd_t = tl.trans(tile(kd, rows, m_t, i_h, o_k, o_k < K, H, K))
+    return tl.dot(kd_t, b_u, S * decay[:, None], input_precision=PREC)
+
+
+@triton.jit
+def _state_offsets(matrix, k0, o_v, K: tl.constexpr, V: tl.constexpr, BKT: tl.constexpr):
+    """Offsets and mask of rows k0 .. k0+BKT, columns o_v of the [K, V] matrix number `matrix`."""
+    o_k = k0 + tl.arange(0, BKT)
+    return (matrix * K + o_k[:, None]) * V + o_v[None, :], (o_k < K)[:, None] & (o_v < V)[None, :]
+
+
+@triton.jit
+def _load_state(ptr, matrix, k0, o_v, K: tl.constexpr, V: tl.constexpr, BKT: tl.constexpr):
+    offs, mask = _state_offsets(matrix, k0, o_v, K, V, BKT)
+    return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_state(ptr, S, matrix, k0, o_v, K: tl.constexpr, V: tl.constexpr, BKT: tl.constexpr,
+                 INTERPRET: tl.constexpr):
+    offs, mask = _state_offsets(matrix, k0, o_v, K, V, BKT)
+    tl.store(ptr + offs, to_output_dtype(S, ptr, INTERPRET), mask=mask)
+
+
+@triton.jit
+def _chunk_state(w, u, kd, gcum, cu_seqlens, chunk_first, h0, h, ht,
+                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BKT: tl.constexpr,
                  BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
                  INTERPRET: tl.constexpr):
     i_n = tl.program_id(0).to(tl.int64)
@@ -22,56 +70,56 @@ def _chunk_state(w, u, qd, kd, aqk, gcum, cu_seqlens, h0, o, ht,
     i_v = tl.program_id(2)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    first = tl.load(chunk_first + i_n).to(tl.int64)
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
     m_v = o_v < V
-    offs_s = ((i_n * H + i_h) * K + o_k[:, None]) * V + o_v[None, :]
-    mask_s = m_k[:, None] & m_v[None, :]
+    o_k1 = tl.arange(0, BKT)
+    o_k2 = BKT + o_k1
+    state = i_n * H + i_h  # this sequence's and head's [K, V] matrix in h0 / ht
     if HAS_H0:
-        S = tl.load(h0 + offs_s, mask=mask_s, other=0.0).to(tl.float32)
+        S1 = _load_state(h0, state, 0, o_v, K, V, BKT)
+        S2 = _load_state(h0, state, BKT, o_v, K, V, BKT)
     else:
-        S = tl.zeros([BK, BV], dtype=tl.float32)
-    causal = o_t[:, None] >= o_t[None, :]
+        S1 = tl.zeros([BKT, BV], dtype=tl.float32)
+        S2 = tl.zeros([BKT, BV], dtype=tl.float32)
     for c0 in range(bos, eos, BT):
         rows = c0 + o_t
         m_t = rows < eos
-        mask_tk = m_t[:, None] & m_k[None, :]
-        mask_tv = m_t[:, None] & m_v[None, :]
-        offs_tk = (rows[:, None] * H + i_h) * K + o_k[None, :]
-        offs_tv = (rows[:, None] * H + i_h) * V + o_v[None, :]
-        b_w = tl.load(w + offs_tk, mask=mask_tk, other=0.0)
-        b_qd = tl.load(qd + offs_tk, mask=mask_tk, other=0.0)
-        b_kd = tl.trans(tl.load(kd + offs_tk, mask=mask_tk, other=0.0))
-        b_u = tl.load(u + offs_tv, mask=mask_tv, other=0.0)
-        b_a = tl.load(aqk + (rows[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None] & causal, other=0.0)
-        last = tl.minimum(c0 + BT, eos) - 1
-        decay = tl.exp(tl.load(gcum + (last * H + i_h) * K + o_k, mask=m_k, other=0.0))
-        b_u = b_u - tl.dot(b_w, S, input_precision=PREC)
-        b_o = tl.dot(b_qd, S, input_precision=PREC) + tl.dot(b_a, b_u, input_precision=PREC)
-        tl.store(o + offs_tv, to_output_dtype(b_o, o, INTERPRET), mask=mask_tv)
-        S = S * decay[:, None] + tl.dot(b_kd, b_u, input_precision=PREC)
+        chunk = (first + (c0 - bos) // BT) * H + i_h  # h[chunk, head]
+        _store_state(h, S1, chunk, 0, o_v, K, V, BKT, INTERPRET)
+        _store_state(h, S2, chunk, BKT, o_v, K, V, BKT, INTERPRET)
+        ws = tl.dot(tile(w, rows, m_t, i_h, o_k1, o_k1 < K, H, K), S1, input_precision=PREC)
+        ws = tl.dot(tile(w, rows, m_t, i_h, o_k2, o_k2 < K, H, K), S2, ws, input_precision=PREC)
+        b_u = tile(u, rows, m_t, i_h, o_v, m_v, H, V) - ws
+        tl.store(u + (rows[:, None] * H + i_h) * V + o_v[None, :], b_u, mask=m_t[:, None] & m_v[None, :])
+        g_last = gcum + (tl.minimum(c0 + BT, eos) - 1) * H * K + i_h * K
+        S1 = _state_step(S1, 0, w, kd, g_last, rows, m_t, i_h, b_u, H, K, BKT, PREC)
+        S2 = _state_step(S2, BKT, w, kd, g_last, rows, m_t, i_h, b_u, H, K, BKT, PREC)
     if STORE_HT:
-        tl.store(ht + offs_s, S, mask=mask_s)
+        _store_state(ht, S1, state, 0, o_v, K, V, BKT, INTERPRET)
+        _store_state(ht, S2, state, BKT, o_v, K, V, BKT, INTERPRET)
 
 
-def chunk_state(w, u, qd, kd, aqk, gcum, cu_seqlens, *, initial_state, output_final_state, out_dtype, prec,
-                interpret):
-    """Stage-1 outputs [T, H, *] -> o [T, H, V] (out_dtype) and the final state [N, H, K, V] fp32 (or None)."""
+def chunk_state(w, u, kd, gcum, cu_seqlens, chunk_first, n_chunks, *, BT, initial_state, output_final_state, h_dtype,
+                prec, interpret):
+    """Stage-1 outputs [T, H, *] -> h [n_chunks, H, K, V] (h_dtype: the state each chunk starts from) and the final
+    state [N, H, K, V] fp32 (or None); u becomes U' in place."""
     T, H, K = w.shape
     V = u.shape[-1]
     N = cu_seqlens.numel() - 1
-    BT = aqk.shape[-1]
-    o = torch.empty(T, H, V, dtype=out_dtype, device=w.device)
+    h = torch.empty(n_chunks, H, K, V, dtype=h_dtype, device=w.device)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=w.device) if output_final_state else None
-    BV = max(16, triton.next_power_of_2(V))
-    if not interpret:
-        BV = min(BV, 32)
-    h0 = initial_state.contiguous() if initial_state is not None else o
-    _chunk_state[(N, H, triton.cdiv(V, BV))](
-        w, u, qd, kd, aqk, gcum, cu_seqlens, h0, o, ht if ht is not None else o,
-        H=H, K=K, V=V, BT=BT, BK=max(16, triton.next_power_of_2(K)), BV=BV,
+    meta, options = split(CONFIGS.pick(K=K, V=V, dtype=str(h_dtype)))
+    if interpret:  # one program at a time in Python: the whole of V at once
+        meta["BV"] = max(16, triton.next_power_of_2(V))
+    meta["BV"] = min(meta["BV"], max(16, triton.next_power_of_2(V)))
+    if prec == "ieee" and not interpret:
+        prec = "tf32x3"
+    h0 = initial_state.contiguous() if initial_state is not None else h
+    _chunk_state[(N, H, triton.cdiv(V, meta["BV"]))](
+        w, u, kd, gcum, cu_seqlens, chunk_first, h0, h, ht if ht is not None else h,
+        H=H, K=K, V=V, BT=BT, BKT=max(16, triton.next_power_of_2(K) // 2),
         HAS_H0=initial_state is not None, STORE_HT=output_final_state, PREC=prec, INTERPRET=interpret,
-        num_warps=4)
-    return o, ht
+        **meta, **options)
+    return h, ht

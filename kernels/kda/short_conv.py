@@ -14,58 +14,86 @@ import torch
 import triton
 import triton.language as tl
 from spark_bench.kernels.common import INTERPRET, next_pow2, round_bf16, rounds_bf16, row_block
+from spark_bench.kernels.configs import ConfigSpace, declare, split
+
+# BT x BD = 16 x 128 at 8 warps: 128 registers, no spills on sm_90a (32 x 128 at 4 warps spills: each of the W
+# taps keeps a [BT, BD] load in flight); 16 warps per SM either way. See docs/kernels.md.
+PREFILL_CONFIGS = declare(ConfigSpace(
+    "kda.short_conv._short_conv_prefill", key=("D",),
+    default={"BT": 16, "BD": 128, "num_warps": 8},
+    candidates=[{"BT": 8, "BD": 128, "num_warps": 4}, {"BT": 32, "BD": 64, "num_warps": 8},
+                {"BT": 16, "BD": 256, "num_warps": 8}]))
+
+
+@triton.jit
+def _conv_token_block(x, weight, state, cu_seqlens, y, i_t, o_d, m_d, T, D, N, W: tl.constexpr,
+                      HAS_STATE: tl.constexpr, SEARCH_STEPS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                      ROUND: tl.constexpr):
+    """y for BT tokens x BD channels."""
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    # sequence of each token: the largest n with cu_seqlens[n] <= t (invariant cu[lo] <= t < cu[hi])
+    lo = tl.zeros([BT], dtype=tl.int32)
+    hi = tl.zeros([BT], dtype=tl.int32) + N
+    for _ in tl.static_range(SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        right = tl.load(cu_seqlens + mid) <= o_t
+        lo = tl.where(right, mid, lo)
+        hi = tl.where(right, hi, mid)
+    pos = o_t - tl.load(cu_seqlens + lo)  # position inside the sequence
+    # row base pointers ([BT] vectors) and column offsets: the [BT, BD] pointer tiles live one tap at a time
+    x_rows = x + (o_t - (W - 1)).to(tl.int64) * D
+    s_rows = state + lo.to(tl.int64) * D * (W - 1)
+    acc = tl.zeros([BT, BD], dtype=tl.float32)
+    for j in tl.static_range(W):
+        w_j = tl.load(weight + o_d * W + j, mask=m_d, other=0.0).to(tl.float32)
+        from_x = pos + j >= W - 1  # else xp[pos + j] is state column pos + j
+        xv = tl.load(x_rows[:, None] + (j * D + o_d)[None, :], mask=(m_t & from_x)[:, None] & m_d[None, :],
+                     other=0.0).to(tl.float32)
+        if HAS_STATE:
+            p_s = s_rows[:, None] + (o_d * (W - 1))[None, :] + (pos + j)[:, None]
+            xv += tl.load(p_s, mask=(m_t & (pos + j < W - 1))[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+        acc += xv * w_j[None, :]
+    out = round_bf16(acc * tl.sigmoid(acc), ROUND)
+    p_y = y + o_t.to(tl.int64)[:, None] * D + o_d[None, :]
+    tl.store(p_y, out.to(y.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+
+
+@triton.jit
+def _conv_new_state(x, state, cu_seqlens, new_state, i_n, o_d, m_d, D, W: tl.constexpr, HAS_STATE: tl.constexpr,
+                    BW: tl.constexpr):
+    """The new state of sequence i_n: columns c = xp[L + c], from the tokens or (short sequences) the old state."""
+    bos = tl.load(cu_seqlens + i_n)
+    seq_len = tl.load(cu_seqlens + i_n + 1) - bos
+    o_c = tl.arange(0, BW)
+    m_c = o_c < W - 1
+    src = seq_len + o_c - (W - 1)
+    p_x = x + (bos + src).to(tl.int64)[None, :] * D + o_d[:, None]
+    cols = tl.load(p_x, mask=m_d[:, None] & (m_c & (src >= 0))[None, :], other=0.0)
+    state_row = (i_n.to(tl.int64) * D + o_d[:, None]) * (W - 1)
+    if HAS_STATE:
+        p_s = state + state_row + (seq_len + o_c)[None, :]
+        cols += tl.load(p_s, mask=m_d[:, None] & (m_c & (src < 0))[None, :], other=0.0)
+    tl.store(new_state + state_row + o_c[None, :], cols.to(new_state.dtype.element_ty),
+             mask=m_d[:, None] & m_c[None, :])
 
 
 @triton.jit
 def _short_conv_prefill(x, weight, state, cu_seqlens, y, new_state, T, D, N, n_token_blocks,
                         W: tl.constexpr, HAS_STATE: tl.constexpr, SEARCH_STEPS: tl.constexpr,
                         BT: tl.constexpr, BD: tl.constexpr, BW: tl.constexpr, ROUND: tl.constexpr):
+    """Programs (BD channels, i_t): token blocks first, then one program per sequence for its new state. Each
+    branch is its own helper: Triton types every name assigned in both branches of an `if` as one scf.if result,
+    and the two branches hold tiles of different shapes."""
     i_d = tl.program_id(0)
     i_t = tl.program_id(1)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     if i_t < n_token_blocks:
-        o_t = i_t * BT + tl.arange(0, BT)
-        m_t = o_t < T
-        # sequence of each token: the largest n with cu_seqlens[n] <= t (invariant cu[lo] <= t < cu[hi])
-        lo = tl.zeros([BT], dtype=tl.int32)
-        hi = tl.zeros([BT], dtype=tl.int32) + N
-        for _ in tl.static_range(SEARCH_STEPS):
-            mid = (lo + hi) // 2
-            right = tl.load(cu_seqlens + mid) <= o_t
-            lo = tl.where(right, mid, lo)
-            hi = tl.where(right, hi, mid)
-        pos = o_t - tl.load(cu_seqlens + lo)  # position inside the sequence
-        state_row = (lo.to(tl.int64)[:, None] * D + o_d[None, :]) * (W - 1)
-        acc = tl.zeros([BT, BD], dtype=tl.float32)
-        for j in tl.static_range(W):
-            w_j = tl.load(weight + o_d * W + j, mask=m_d, other=0.0).to(tl.float32)
-            from_x = pos + j >= W - 1  # else xp[pos + j] is state column pos + j
-            p_x = x + (o_t + j - (W - 1)).to(tl.int64)[:, None] * D + o_d[None, :]
-            xv = tl.load(p_x, mask=(m_t & from_x)[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-            if HAS_STATE:
-                p_s = state + state_row + (pos + j)[:, None]
-                xv += tl.load(p_s, mask=(m_t & (pos + j < W - 1))[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-            acc += xv * w_j[None, :]
-        out = round_bf16(acc * tl.sigmoid(acc), ROUND)
-        p_y = y + o_t.to(tl.int64)[:, None] * D + o_d[None, :]
-        tl.store(p_y, out.to(y.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+        _conv_token_block(x, weight, state, cu_seqlens, y, i_t, o_d, m_d, T, D, N, W, HAS_STATE, SEARCH_STEPS, BT,
+                          BD, ROUND)
     else:
-        # new state of sequence n: columns c = xp[L + c], from the tokens or (short sequences) the old state
-        i_n = i_t - n_token_blocks
-        bos = tl.load(cu_seqlens + i_n)
-        seq_len = tl.load(cu_seqlens + i_n + 1) - bos
-        o_c = tl.arange(0, BW)
-        m_c = o_c < W - 1
-        src = seq_len + o_c - (W - 1)
-        p_x = x + (bos + src).to(tl.int64)[None, :] * D + o_d[:, None]
-        cols = tl.load(p_x, mask=m_d[:, None] & (m_c & (src >= 0))[None, :], other=0.0)
-        state_row = (i_n.to(tl.int64) * D + o_d[:, None]) * (W - 1)
-        if HAS_STATE:
-            p_s = state + state_row + (seq_len + o_c)[None, :]
-            cols += tl.load(p_s, mask=m_d[:, None] & (m_c & (src < 0))[None, :], other=0.0)
-        tl.store(new_state + state_row + o_c[None, :], cols.to(new_state.dtype.element_ty),
-                 mask=m_d[:, None] & m_c[None, :])
+        _conv_new_state(x, state, cu_seqlens, new_state, i_t - n_token_blocks, o_d, m_d, D, W, HAS_STATE, BW)
 
 
 def short_conv_prefill(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor,
@@ -81,14 +109,17 @@ def short_conv_prefill(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.
     new_state = torch.empty(N, D, W - 1, dtype=state_dtype, device=x.device)
     if conv_state is not None:
         conv_state = conv_state.contiguous()
-    BD = min(next_pow2(D), 1024 if INTERPRET else 128)
-    BT = row_block(BD) if INTERPRET else 32
-    n_token_blocks = triton.cdiv(T, BT)
-    grid = (triton.cdiv(D, BD), n_token_blocks + N)
+    meta, options = split(PREFILL_CONFIGS.pick(D=D))
+    if INTERPRET:  # one Python program at a time: few large ones
+        meta["BD"] = min(next_pow2(D), 1024)
+        meta["BT"] = row_block(meta["BD"])
+    meta["BD"] = min(meta["BD"], next_pow2(D))
+    n_token_blocks = triton.cdiv(T, meta["BT"])
+    grid = (triton.cdiv(D, meta["BD"]), n_token_blocks + N)
     _short_conv_prefill[grid](x, weight, conv_state if conv_state is not None else x, cu_seqlens, y, new_state,
                               T, D, N, n_token_blocks, W=W, HAS_STATE=conv_state is not None,
-                              SEARCH_STEPS=max(N - 1, 0).bit_length(), BT=BT, BD=BD, BW=next_pow2(W - 1),
-                              ROUND=rounds_bf16(y.dtype))
+                              SEARCH_STEPS=max(N - 1, 0).bit_length(), BW=next_pow2(W - 1),
+                              ROUND=rounds_bf16(y.dtype), **meta, **options)
     return y, new_state
 
 

@@ -18,8 +18,15 @@ import torch
 import triton
 import triton.language as tl
 from spark_bench.kernels.common import INTERPRET, next_pow2
+from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.moe.align import moe_align
 from spark_bench.kernels.quant.kquants import CHUNK, aligned, block_ptr, block_scales, dequant_chunk
+
+# The grouped (prefill) kernels: BN columns per tile (BM, rows per tile, follows the routing load). 8 warps at every
+# BM: at BM = 16 with 4 warps _grouped_down spilled on sm_90a under triton 3.9.
+GROUPED_CONFIGS = declare(ConfigSpace(
+    "moe.experts_gguf._grouped", key=("BM",), default={"BN": 64, "num_warps": 8},
+    candidates=[{"BN": 64, "num_warps": 4, "num_stages": 2}, {"BN": 128, "num_warps": 8}]))
 
 Q2K_BYTES, Q3K_BYTES = 84, 110
 # auto: the decode path up to this many tokens. Both paths spend ~8 ALU ops per dequantized weight, the decode path
@@ -207,12 +214,14 @@ def _grouped(x, ids, weights, w13, w2, T, D, E, I, K):
     tiles = expert_ids.numel()
     h = torch.empty((P, I), dtype=torch.bfloat16, device=x.device)
     out = torch.empty((P, D), dtype=torch.bfloat16, device=x.device)
-    BN = 256 if INTERPRET else 64
-    warps = 4 if BM == 16 else 8  # sm_90 cubins without register spills (cuobjdump -res-usage)
+    meta, options = split(GROUPED_CONFIGS.pick(BM=BM))
+    if INTERPRET:
+        meta["BN"] = 256
+    BN = meta["BN"]
     _grouped_up[(tiles, triton.cdiv(I, BN))](x, sorted_ids, expert_ids, num_post, w13, h, P, K, D, I, w13.shape[2],
-                                             BM=BM, BN=BN, UPCAST_DOT=INTERPRET, num_warps=warps)
+                                             BM=BM, UPCAST_DOT=INTERPRET, **meta, **options)
     _grouped_down[(tiles, triton.cdiv(D, BN))](h, sorted_ids, expert_ids, num_post, weights, w2, out, P, D, I,
-                                               w2.shape[2], BM=BM, BN=BN, UPCAST_DOT=INTERPRET, num_warps=warps)
+                                               w2.shape[2], BM=BM, UPCAST_DOT=INTERPRET, **meta, **options)
     return out.view(T, K, D).sum(dim=1, dtype=torch.float32).to(x.dtype)
 
 

@@ -13,6 +13,8 @@ import triton
 import triton.language as tl
 from spark_bench.kernels.common import INTERPRET, next_pow2, row_block
 
+from spark_bench import triton_env
+
 
 @triton.jit
 def _router_logits(x, w, partial, T, E, D, D_SPLIT, BT: tl.constexpr, BE: tl.constexpr, BD: tl.constexpr,
@@ -82,12 +84,6 @@ def _router_select(partial, bias, out_w, out_ids, T, S, scale, E: tl.constexpr, 
     tl.store(out_ids + o_t[:, None] * K + o_k[None, :], ids, mask=m_out)
 
 
-def _num_sms(device: torch.device) -> int:
-    if INTERPRET or device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def router_logits_partial(x: torch.Tensor, gate_w: torch.Tensor) -> torch.Tensor:
     """[S, T, E] f32 partial logits over S slices of D (S = 1 unless the T x E tiles alone underfill the GPU)."""
     T, D = x.shape
@@ -95,7 +91,7 @@ def router_logits_partial(x: torch.Tensor, gate_w: torch.Tensor) -> torch.Tensor
     BT, BE, BD = (16, min(64, max(16, next_pow2(E))), min(256, max(16, next_pow2(D)))) if INTERPRET else \
         (16, 32, 64)
     tiles = triton.cdiv(T, BT) * triton.cdiv(E, BE)
-    want = max(1, min(triton.cdiv(D, BD), triton.cdiv(2 * _num_sms(x.device), tiles)))
+    want = max(1, min(triton.cdiv(D, BD), triton.cdiv(2 * triton_env.sm_count(x.device), tiles)))
     d_split = triton.cdiv(triton.cdiv(D, want), BD) * BD
     S = triton.cdiv(D, d_split)
     partial = torch.empty((S, T, E), dtype=torch.float32, device=x.device)

@@ -20,7 +20,7 @@ from spark_bench.plugins.moe import common, router, shared_expert
 from spark_bench import Axis, Cost, Op, Tolerance, probes
 from spark_bench.check import tensor_metrics
 from spark_bench.compiled import add_torch_compile
-from spark_bench.inputs import generator, randn
+from spark_bench.inputs import generator, host_copy, randn
 
 TOLERANCE = Tolerance(err_ratio=1e-2, max_abs=2e-2)
 TIE_TOL = 1e-5  # wider than the router's 1e-6: fp32 logits over D = 7168 can move a score by ~1e-6
@@ -36,7 +36,7 @@ def make_inputs(p, *, device, dtype, seed):
     shared_ids, shared_weights = shared_expert.single_expert_routing(T, device)
     return {
         "x": randn((T, D), gen, dtype=dtype, device=device, std=common.X_STD),
-        "gate_w": gate_w, "gate_bias": gate_bias, "gate_bias_host": gate_bias.cpu(),
+        "gate_w": gate_w, "gate_bias": gate_bias, "gate_bias_host": host_copy(gate_bias),
         "topk": p["topk"], "groups": p["groups"], "topk_groups": p["topk_groups"],
         "routed_scaling_factor": p["routed_scaling_factor"],
         "w13": w13, "w2": w2, "shared_w13": shared_w13, "shared_w2": shared_w2,

@@ -17,7 +17,7 @@ from spark_bench.plugins.moe.common import ROUTER_AXES, TOKENS, model_presets, r
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
 from spark_bench.compiled import add_torch_compile
-from spark_bench.inputs import generator, randn
+from spark_bench.inputs import generator, host_copy, randn
 
 NEAR_TIE = 1e-6
 WEIGHT_RTOL = 1e-5
@@ -28,7 +28,7 @@ def make_inputs(p, *, device, dtype, seed):
     gate_w, gate_bias = router_weights(p["experts"], p["hidden"], gen, device=device)
     return {
         "x": randn((p["tokens"], p["hidden"]), gen, dtype=dtype, device=device),
-        "gate_w": gate_w, "gate_bias": gate_bias, "gate_bias_host": gate_bias.cpu(),
+        "gate_w": gate_w, "gate_bias": gate_bias, "gate_bias_host": host_copy(gate_bias),
         "topk": p["topk"], "groups": p["groups"], "topk_groups": p["topk_groups"],
         "routed_scaling_factor": p["routed_scaling_factor"],
     }
@@ -198,7 +198,7 @@ def _host_labels(device):
 @op.backend("host", labels=_host_labels)
 def host_router(x, gate_w, gate_bias, gate_bias_host, topk, groups, topk_groups, routed_scaling_factor):
     """The engine's CPU path: device logits -> host (sync) -> selection with the host bias -> ids/weights back."""
-    logits = (x.float() @ gate_w.float().T).cpu()
+    logits = host_copy(x.float() @ gate_w.float().T)
     weights, ids = select_experts(logits, gate_bias_host, topk, groups, topk_groups, routed_scaling_factor)
     return weights.to(x.device, non_blocking=False), ids.to(x.device, non_blocking=False)
 

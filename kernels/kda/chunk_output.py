@@ -1,0 +1,70 @@
+"""KDA chunk stage 3 (chunk-parallel): the output of every chunk from the state it starts from,
+
+    O = Qd h[c] + Tril(A_qk) U'        (Qd = scale q exp(G), U' = U - W h[c], both from stages 1-2)
+
+one program per (BV columns of V, chunk, head), so the grid has V/BV x chunks x H programs however few sequences
+and heads there are (the serial stage has N x H x V/BV). The K reduction runs in slices of BK loaded from memory.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from spark_bench.kernels.configs import ConfigSpace, declare, split
+from spark_bench.kernels.kda.chunk_prep import to_output_dtype
+from spark_bench.kernels.kda.chunk_state import tile
+
+CONFIGS = declare(ConfigSpace(
+    "kda.chunk_output._chunk_output", key=("K", "V", "dtype"),
+    default={"BK": 64, "BV": 64, "num_warps": 4, "num_stages": 2},
+    candidates=[{"BK": 32, "BV": 64, "num_warps": 4, "num_stages": 2}, {"BK": 64, "BV": 128, "num_warps": 8,
+                                                                       "num_stages": 2},
+                {"BK": 64, "BV": 32, "num_warps": 4, "num_stages": 3}]))
+
+
+@triton.jit
+def _chunk_output(qd, h, u, aqk, chunk_start, chunk_end, o, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                  INTERPRET: tl.constexpr):
+    i_v = tl.program_id(0)
+    i_c = tl.program_id(1).to(tl.int64)
+    i_h = tl.program_id(2)
+    start = tl.load(chunk_start + i_c).to(tl.int64)
+    end = tl.load(chunk_end + i_c).to(tl.int64)
+    if start >= end:
+        return
+    o_t = tl.arange(0, BT)
+    rows = start + o_t
+    m_t = rows < end
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    a = tile(aqk, rows, m_t, i_h, o_t, o_t < BT, H, BT)
+    acc = tl.dot(tl.where(o_t[:, None] >= o_t[None, :], a, 0.0), tile(u, rows, m_t, i_h, o_v, m_v, H, V),
+                 input_precision=PREC)
+    matrix = i_c * H + i_h
+    for k0 in tl.range(0, K, BK):
+        o_k = k0 + tl.arange(0, BK)
+        m_k = o_k < K
+        b_h = tl.load(h + (matrix * K + o_k[:, None]) * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :],
+                      other=0.0).to(tl.float32)
+        acc = tl.dot(tile(qd, rows, m_t, i_h, o_k, m_k, H, K), b_h, acc, input_precision=PREC)
+    tl.store(o + (rows[:, None] * H + i_h) * V + o_v[None, :], to_output_dtype(acc, o, INTERPRET),
+             mask=m_t[:, None] & m_v[None, :])
+
+
+def chunk_output(qd, h, u, aqk, chunk_start, chunk_end, n_chunks, *, out_dtype, prec, interpret):
+    """Qd [T, H, K], h [n_chunks, H, K, V], U' [T, H, V], A_qk [T, H, BT] -> o [T, H, V] in out_dtype."""
+    T, H, K = qd.shape
+    V = u.shape[-1]
+    BT = aqk.shape[-1]
+    o = torch.empty(T, H, V, dtype=out_dtype, device=qd.device)
+    meta, options = split(CONFIGS.pick(K=K, V=V, dtype=str(out_dtype)))
+    full_k, full_v = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    if interpret:  # one program at a time in Python: whole rows at once
+        meta["BK"], meta["BV"] = full_k, full_v
+    meta["BK"], meta["BV"] = min(meta["BK"], full_k), min(meta["BV"], full_v)
+    if prec == "ieee" and not interpret:
+        prec = "tf32x3"
+    _chunk_output[(triton.cdiv(V, meta["BV"]), n_chunks, H)](
+        qd, h, u, aqk, chunk_start, chunk_end, o, H=H, K=K, V=V, BT=BT, PREC=prec, INTERPRET=interpret,
+        **meta, **options)
+    return o
