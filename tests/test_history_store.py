@@ -62,6 +62,27 @@ def counts_per_run(db) -> dict[str, int]:
         con.close()
 
 
+def children(pid: int) -> list[int]:
+    out = []
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                fields = open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(stat))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 @pytest.fixture
 def small_history(tmp_path):
     return synthetic.write_history(tmp_path / "runs", [f"{i:040x}" for i in range(1, 7)])
@@ -133,8 +154,8 @@ def test_failed_ingest_rolls_back_the_whole_run(tmp_path, small_history, monkeyp
 
 def test_kill_9_during_ingest_then_reingest_equals_one_clean_ingest(tmp_path):
     big = synthetic.cases(tokens=tuple(range(1, 376)))  # 1,500 cases per run: each run takes a while to write
-    runs = synthetic.write_history(tmp_path / "runs", [f"{i:040x}" for i in range(1, 7)], case_list=big,
-                                   samples=30, fast=True)
+    runs = synthetic.write_history(tmp_path / "runs", [f"{i:040x}" for i in range(1, 9)], case_list=big,
+                                   samples=30, fast=True)  # 8 runs: parsed by worker processes
     db = tmp_path / "killed.db"
     proc = subprocess.Popen(history_cmd("add", "--db", db, "-q", *runs), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
@@ -150,8 +171,14 @@ def test_kill_9_during_ingest_then_reingest_equals_one_clean_ingest(tmp_path):
         except sqlite3.Error:
             pass
         time.sleep(0.01)
+    workers = children(proc.pid)
+    assert workers, "the runs should be parsed by worker processes"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    deadline = time.monotonic() + 30
+    while any(alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [w for w in workers if alive(w)], "parsing workers outlived the killed ingest"
     stored = counts_per_run(db)
     assert 1 <= len(stored) < len(runs), "the ingest should have been killed midway"
     assert set(stored.values()) == {len(big)}  # no half run

@@ -96,16 +96,19 @@ def history() -> None:
 @click.option("--branch", default=None, help="Record the runs under this branch (default: the repository's current "
                                               "branch when it contains the run's commit).")
 @repo_option
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Processes parsing runs while this one writes (default: one per core, at most 4).")
 @click.option("-q", "--quiet", is_flag=True, help="Only the totals.")
 @one_line_errors
-def add_cmd(run_dirs: tuple[Path, ...], db: Path, branch: str | None, repo: Path | None, quiet: bool) -> None:
+def add_cmd(run_dirs: tuple[Path, ...], db: Path, branch: str | None, repo: Path | None, jobs: int | None,
+            quiet: bool) -> None:
     """Ingest RUN_DIR... (run directories, or directories of runs such as results/) into the database. Adding a run
     again changes nothing; a run whose files changed since (resumed) replaces its earlier copy."""
     def each(path: Path, run_id: str, outcome: str) -> None:
         if not quiet:
             click.echo(f"{outcome:9s} {run_id}  ({path})")
 
-    counts = add_runs(db, run_dirs, repo=repo, branch=branch, on_run=each)
+    counts = add_runs(db, run_dirs, repo=repo, branch=branch, on_run=each, jobs=jobs)
     click.echo(f"history {db}: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
 
 

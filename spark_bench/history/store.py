@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import itertools
 import json
+import os
 import sqlite3
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -180,6 +182,55 @@ def _result_row(rec: dict[str, Any]) -> tuple[tuple[str, str, str, str], tuple[A
     return case_key(rec), row, rest
 
 
+def prepare_run(run_dir: Path) -> dict[str, Any]:
+    """Read and convert one run, outside any transaction (the write lock is held only to write); picklable, so
+    worker processes can do it."""
+    digest = digest_of(run_dir)
+    run, records = load_run(run_dir)
+    latest = {r["case_id"]: r for r in records}  # a resumed case keeps its last record
+    fp = run.get("fingerprint") or {}
+    git = fp.get("git") or {}
+    converted = [_result_row(r) for r in latest.values()]
+    blob = json.dumps([rest for _, _, rest in converted], separators=(",", ":"), default=str).encode()
+    return {"dir": run_dir, "digest": digest, "run_id": str(run.get("run_id") or run_dir.name),
+            "rows": [(key, row) for key, row, _ in converted], "records": zlib.compress(blob, 6),
+            "run_json": zlib.compress(json.dumps(run, default=str).encode(), 6),
+            "created": gitinfo.utc(run.get("created")), "finished": gitinfo.utc(run.get("finished")),
+            "command": json.dumps(run.get("command"), default=str), "spec": json.dumps(run.get("spec"), default=str),
+            "summary": json.dumps(run.get("summary"), default=str),
+            "fingerprint_id": str(fp.get("fingerprint_id") or "unknown"), "device": fp.get("device") or {},
+            "fp_info": json.dumps({k: v for k, v in fp.items() if k != "git"}, sort_keys=True, default=str),
+            "commit": git.get("commit") or None, "dirty": git.get("dirty"), "branch": git.get("branch"),
+            "commit_time": gitinfo.utc(git.get("commit_time"))}
+
+
+def _worker_init() -> None:
+    """Pool workers die with the ingesting process (kill -9 included) instead of lingering."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+@contextlib.contextmanager
+def _prepared(run_dirs: Sequence[Path], jobs: int) -> Iterator[Iterator[dict[str, Any]]]:
+    """prepare_run over the runs, in order: in this process, or in `jobs` forked workers while this one writes."""
+    if jobs <= 1 or len(run_dirs) < 8 or not hasattr(os, "fork"):
+        yield map(prepare_run, run_dirs)
+        return
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_init) as pool:
+        yield pool.imap(prepare_run, run_dirs, chunksize=2)
+
+
+def default_jobs() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
 class Ingest:
     """Adds runs to an open database. Case ids are cached and the cache is dropped whenever another connection has
     committed (PRAGMA data_version), so two writers never use each other's stale ids."""
@@ -215,27 +266,9 @@ class Ingest:
         row = self.con.execute("SELECT digest FROM runs WHERE run_id = ?", (self._peek_id(run_dir),)).fetchone()
         return bool(row) and row[0] == digest_of(run_dir)
 
-    def prepare(self, run_dir: Path) -> dict[str, Any]:
-        """Read and convert one run outside any transaction (the lock is held only to write)."""
-        digest = digest_of(run_dir)
-        run, records = load_run(run_dir)
-        latest = {r["case_id"]: r for r in records}  # a resumed case keeps its last record
-        fp = run.get("fingerprint") or {}
-        git = fp.get("git") or {}
-        dev = fp.get("device") or {}
-        converted = [_result_row(r) for r in latest.values()]
-        rows = [(key, row) for key, row, _ in converted]
-        records = zlib.compress(json.dumps([rest for _, _, rest in converted], separators=(",", ":"),
-                                           default=str).encode(), 6)
-        return {"dir": run_dir, "digest": digest, "run": run, "rows": rows, "records": records, "fp": fp,
-                "fingerprint_id": str(fp.get("fingerprint_id") or "unknown"), "device": dev,
-                "commit": git.get("commit") or None, "dirty": git.get("dirty"), "branch": git.get("branch")}
-
     def write(self, p: dict[str, Any], commit_time: str | None, branch: str | None) -> str:
         """One run in one transaction: 'added', 'updated' (its files changed since) or 'unchanged'."""
-        run = p["run"]
-        run_id = str(run.get("run_id") or p["dir"].name)
-        con = self.con
+        run_id, con = p["run_id"], self.con
         with transaction(con):
             old = con.execute("SELECT id, digest FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if old and old[1] == p["digest"]:
@@ -243,10 +276,9 @@ class Ingest:
             if old:
                 con.execute("DELETE FROM results WHERE run_ref = ?", (old[0],))
                 con.execute("DELETE FROM runs WHERE id = ?", (old[0],))
-            info = {k: v for k, v in p["fp"].items() if k != "git"}
             con.execute("INSERT OR IGNORE INTO fingerprints (fingerprint_id, device_type, device_name, info) "
                         "VALUES (?, ?, ?, ?)", (p["fingerprint_id"], p["device"].get("type"), p["device"].get("name"),
-                                                json.dumps(info, sort_keys=True, default=str)))
+                                                p["fp_info"]))
             fp_ref = con.execute("SELECT id FROM fingerprints WHERE fingerprint_id = ?",
                                  (p["fingerprint_id"],)).fetchone()[0]
             dirty = None if p["dirty"] is None else int(bool(p["dirty"]))
@@ -254,11 +286,8 @@ class Ingest:
                 "INSERT INTO runs (run_id, digest, fingerprint, git_commit, dirty, commit_time, branch, created, "
                 "finished, command, spec, summary, run_json, records, source, added) VALUES "
                 "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, p["digest"], fp_ref, p["commit"], dirty, commit_time, branch,
-                 gitinfo.utc(run.get("created")), gitinfo.utc(run.get("finished")),
-                 json.dumps(run.get("command"), default=str), json.dumps(run.get("spec"), default=str),
-                 json.dumps(run.get("summary"), default=str),
-                 zlib.compress(json.dumps(run, default=str).encode(), 6), p["records"], str(p["dir"]),
+                (run_id, p["digest"], fp_ref, p["commit"], dirty, commit_time, branch, p["created"], p["finished"],
+                 p["command"], p["spec"], p["summary"], p["run_json"], p["records"], str(p["dir"]),
                  dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")))
             ref = cur.lastrowid
             ids = self._case_ids([k for k, _ in p["rows"]])
@@ -267,29 +296,29 @@ class Ingest:
         return "replaced" if old else "added"
 
     def add(self, run_dirs: Sequence[Path], on_run: Callable[[Path, str, str], None] | None = None,
-            batch: int = 64) -> dict[str, int]:
-        """Ingest the runs (git facts looked up for a batch of runs at once); counts per outcome."""
+            batch: int = 64, jobs: int | None = None) -> dict[str, int]:
+        """Ingest the runs (parsed by `jobs` worker processes, default: one per core up to 4, while this process
+        writes; git facts looked up for a batch of runs at once); counts per outcome."""
         counts = {"added": 0, "replaced": 0, "unchanged": 0}
-        for i in range(0, len(run_dirs), batch):
-            todo = []
-            for d in run_dirs[i:i + batch]:
-                if self.unchanged(d):  # checked again under the write lock; this only skips the parsing
-                    counts["unchanged"] += 1
-                    if on_run is not None:
-                        on_run(d, self._peek_id(d), "unchanged")
-                else:
-                    todo.append(d)
-            prepared = [self.prepare(d) for d in todo]
-            commits = [p["commit"] for p in prepared if p["commit"]]
-            times = gitinfo.commit_times(self.repo, commits)
-            branches = {} if self.branch else gitinfo.branch_of(self.repo, commits)
-            for p in prepared:
-                branch = self.branch or p["branch"] or branches.get(p["commit"])
-                outcome = self.write(p, times.get(p["commit"]) or gitinfo.utc(p["fp"].get("git", {}).get(
-                    "commit_time")), branch)
-                counts[outcome] += 1
+        todo = []
+        for d in run_dirs:
+            if self.unchanged(d):  # checked again under the write lock; this only skips the parsing
+                counts["unchanged"] += 1
                 if on_run is not None:
-                    on_run(p["dir"], str(p["run"].get("run_id") or p["dir"].name), outcome)
+                    on_run(d, self._peek_id(d), "unchanged")
+            else:
+                todo.append(d)
+        with _prepared(todo, default_jobs() if jobs is None else jobs) as stream:
+            while chunk := list(itertools.islice(stream, batch)):
+                commits = [p["commit"] for p in chunk if p["commit"]]
+                times = gitinfo.commit_times(self.repo, commits)
+                branches = {} if self.branch else gitinfo.branch_of(self.repo, commits)
+                for p in chunk:
+                    branch = self.branch or p["branch"] or branches.get(p["commit"])
+                    outcome = self.write(p, times.get(p["commit"]) or p["commit_time"], branch)
+                    counts[outcome] += 1
+                    if on_run is not None:
+                        on_run(p["dir"], p["run_id"], outcome)
         return counts
 
 
@@ -311,14 +340,16 @@ def expand_run_dirs(paths: Sequence[Path | str]) -> list[Path]:
 
 
 def add_runs(db: Path | str, run_dirs: Sequence[Path | str], repo: Path | str | None = None,
-             branch: str | None = None, on_run: Callable[[Path, str, str], None] | None = None) -> dict[str, int]:
+             branch: str | None = None, on_run: Callable[[Path, str, str], None] | None = None,
+             jobs: int | None = None) -> dict[str, int]:
     """Ingest run directories (or directories of runs) into the database at `db`, creating it if needed.
     `repo`: the git repository to read commit times and the branch from (default: the one around the current
     directory, if any)."""
     dirs = expand_run_dirs(run_dirs)
     con = connect(db, create=True)
     try:
-        return Ingest(con, gitinfo.find_repo(repo), branch).add(dirs, on_run)
+        con.execute("PRAGMA cache_size = -65536")  # 64 MiB: the case index stays in memory while runs stream in
+        return Ingest(con, gitinfo.find_repo(repo), branch).add(dirs, on_run, jobs=jobs)
     finally:
         con.close()
 
