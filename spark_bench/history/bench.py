@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import sqlite3
@@ -53,7 +54,7 @@ def main() -> None:
     try:
         t = time.perf_counter()
         case_list = _cases(args.cases)
-        runs = synthetic.write_history(work / "runs", [f"{i:040x}" for i in range(1, args.runs + 1)],
+        runs = synthetic.write_history(work / "runs", [hashlib.sha1(b"%d" % i).hexdigest() for i in range(args.runs)],
                                        case_list=case_list, steps={0: (args.runs * 2 // 3, 1.2)},
                                        samples=args.samples, fast=True)
         out["generate_s"] = round(time.perf_counter() - t, 1)

@@ -16,9 +16,7 @@ from typing import Any
 
 import click
 from rich.markup import escape
-from rich.table import Table
 
-from spark_bench.console import console
 from spark_bench.history import detect, gitinfo, query
 from spark_bench.history.store import DEFAULT_DB, HistoryError, add_runs, connect
 from spark_bench.results import ResultsError
@@ -32,6 +30,19 @@ threshold_option = click.option("--threshold", default="5%", show_default=True,
                                 help="Smallest step that counts (5%, 0.05).")
 repo_option = click.option("--repo", type=click.Path(path_type=Path), default=None,
                            help="Git repository for commit times and suspect commits (default: around the cwd).")
+
+
+def console(stderr: bool = False) -> Any:
+    """The project's rich console, imported only when something is printed as a table (queries stay quick)."""
+    from spark_bench.console import console as make
+
+    return make(stderr=stderr)
+
+
+def Table(*args: Any, **kwargs: Any) -> Any:  # noqa: N802  (rich's class, imported on first use)
+    from rich.table import Table as RichTable
+
+    return RichTable(*args, **kwargs)
 
 
 def _threshold(text: str) -> float:
@@ -199,7 +210,8 @@ def _series(con: sqlite3.Connection, ops, backends, sets, dtypes, fingerprint, b
 @fingerprint_option
 @branch_option
 @threshold_option
-@click.option("--last", type=int, default=None, help="Print only the newest N points (detection uses all).")
+@click.option("--last", type=click.IntRange(min=0), default=30, show_default=True,
+              help="Print the newest N points (0: all; --json has all). Detection always uses the whole series.")
 @repo_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @one_line_errors
@@ -230,7 +242,9 @@ def trend_cmd(ops, backends, sets, dtypes, db, fingerprint, branch, threshold, l
                             f"points, noise ±{(s.sigma or 0) * 100:.2f}%")
         for col in ("#", "commit", "when", "runs", "status", f"median {s.unit}", "95% CI", "n", "step"):
             table.add_column(col, justify="right" if col in ("#", "n") or col.startswith("median") else "left")
-        first = len(s.points) - last if last else 0
+        first = max(0, len(s.points) - last) if last else 0
+        if first:
+            table.caption = f"the newest {last} of {len(s.points)} points (--last 0 prints all)"
         for i, p in enumerate(s.points):
             if i < first:
                 continue
