@@ -14,6 +14,7 @@ from spark_bench import results, triton_env
 from spark_bench.console import console, failures_table, results_table, summary_line
 from spark_bench.devices import check_device, default_device
 from spark_bench.history.cli import history
+from spark_bench.kernelgate.cli import kernels
 from spark_bench.report.cli import compare, report
 from spark_bench.sweep import SweepSpec, UsageError, parse_set
 from spark_bench.telemetry.cli import calibrate, profile
@@ -206,3 +207,4 @@ def show_cmd(run_dir: Path, failed: bool) -> None:
 for _command in (report, compare, calibrate, profile):  # the commands of the report and telemetry packages
     main.add_command(_command)
 main.add_command(history)  # spark_bench/history: the performance history across runs and commits
+main.add_command(kernels)  # spark_bench/kernelgate: the offline GPU compile gate

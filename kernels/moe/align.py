@@ -74,7 +74,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     N, E, dev = ids.numel(), num_experts, ids.device
     max_padded, max_blocks = align_sizes(N, E, block_m)
     BE = next_pow2(E)
-    BN = max(16, min(next_pow2(N), (1 << 16 if INTERPRET else 16384) // BE))
+    # [BN, BE] count/scatter tiles of <= 16k elements; BN <= 8192 (a [16384, 1] scatter tile spills on sm_90a)
+    BN = max(16, min(next_pow2(N), (1 << 16 if INTERPRET else 16384) // BE, 1 << 16 if INTERPRET else 8192))
     n_chunks = triton.cdiv(N, BN)
     counts = torch.empty((n_chunks, BE), dtype=torch.int32, device=dev)
     base = torch.empty_like(counts)

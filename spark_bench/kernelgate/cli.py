@@ -1,0 +1,154 @@
+"""`spark-bench kernels`: does every Triton kernel the sweep launches compile, fit and use tensor cores on each GPU
+generation, without a GPU? Exit 0: all pass; 1: a compile error, a launch-resource overflow or a spill; 2: usage."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from spark_bench.kernelgate import gate
+from spark_bench.kernelgate.capture import DEFAULT_BACKENDS
+from spark_bench.kernelgate.offline import compile_all, default_cache_dir
+from spark_bench.kernelgate.targets import REQUIRED, TARGETS, parse_targets
+from spark_bench.sweep import UsageError, parse_set
+
+VERDICT_STYLE = {"ok": "green", "spills": "bold yellow", "launch-resources": "bold red", "compile-error": "bold red"}
+
+
+def _kb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1024:.0f}"
+
+
+def table(rows: list[dict]) -> Table:
+    t = Table(header_style="bold", show_lines=False)
+    for col, justify in [("kernel", "left"), ("target", "left"), ("dtypes", "left"), ("constexprs", "left"),
+                         ("warps", "right"), ("stages", "right"), ("regs", "right"), ("spill B", "right"),
+                         ("smem KB", "right"), ("CTA/SM", "right"), ("tensor core", "left"), ("grid CTAs", "right"),
+                         ("compile s", "right"), ("verdict", "left")]:
+        t.add_column(col, justify=justify, overflow="fold")
+    for r in sorted(rows, key=lambda r: (r["module"], r["kernel"], r["target"], r["dtypes"], str(r["constexprs"]))):
+        spill = None if r["spill_stores"] is None else r["spill_stores"] + r["spill_loads"]
+        ctas = r["grid_ctas"]
+        verdict = f"[{VERDICT_STYLE[r['verdict']]}]{r['verdict']}[/]"
+        if r["error"] and r["verdict"] != "ok":
+            verdict += f" {escape(r['error'][:160])}"
+        t.add_row(escape(r["kernel"]), r["target"], r["dtypes"],
+                  escape(" ".join(f"{k}={v}" for k, v in r["constexprs"].items())),
+                  str(r["num_warps"] or "-"), str(r["num_stages"] or "-"), str(r["regs"] or "-"),
+                  "-" if spill is None else (f"[bold yellow]{spill}[/]" if spill else "0"),
+                  _kb(r["shared"]), "-" if r["ctas_per_sm"] is None else str(r["ctas_per_sm"]), r["tensor_core"],
+                  "-" if not ctas else (f"{ctas[0]}" if ctas[0] == ctas[1] else f"{ctas[0]}-{ctas[1]}"),
+                  "-" if r["compile_s"] is None else f"{r['compile_s']:.1f}", verdict)
+    return t
+
+
+def summary(rows: list[dict], targets: list[str], triton_version: str) -> str:
+    parts = []
+    for target in targets:
+        mine = [r for r in rows if r["target"] == target]
+        count = {v: sum(r["verdict"] == v for r in mine) for v in VERDICT_STYLE}
+        parts.append(f"{target}: {len(mine)} specialisations of {len({r['kernel'] for r in mine})} kernels, "
+                     f"{count['ok']} ok, {count['compile-error']} compile errors, "
+                     f"{count['launch-resources']} launch-resource failures, {count['spills']} with spills")
+    return f"triton {triton_version}; " + "; ".join(parts)
+
+
+@click.command("kernels")
+@click.option("--op", "ops", multiple=True, help="Op name or glob (repeatable; default: all ops).")
+@click.option("--backend", "backends", multiple=True,
+              help=f"Backends whose launches are captured, as globs (default: {', '.join(DEFAULT_BACKENDS)}).")
+@click.option("--preset", default=None, help="Only this model preset (default: the GPU sweep and every preset).")
+@click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Override an axis, as for `run`.")
+@click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (default: the GPU sweep's).")
+@click.option("--target", "target_text", default=REQUIRED, show_default=True,
+              help=f"Comma-separated GPU targets: {', '.join(TARGETS)}.")
+@click.option("--select", "selection", type=click.Choice(gate.SELECTIONS), default="classes", show_default=True,
+              help="cover: every constexpr value once; classes: every distinct specialisation but for alignment "
+                   "attributes; all: every specialisation.")
+@click.option("--quick", is_flag=True, help="The quick (CPU) sweep's shapes instead of the GPU sweep's.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel compiles (default: CPU count).")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Compile-result cache (default: ~/.cache/spark-bench/kernelgate).")
+@click.option("--no-cache", is_flag=True, help="Compile everything again.")
+@click.option("--triton-cache", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Fill this Triton cache directory (to carry to a GPU with the same Triton); implies --no-cache.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write a per-kernel summary table (markdown) to this file.")
+def kernels(ops, backends, preset, sets, dtypes, target_text, selection, quick, jobs, cache_dir, no_cache,
+            triton_cache, as_json, markdown_path) -> None:
+    """Compile every Triton kernel specialisation the GPU sweep launches for GPU targets, offline (no GPU): compile
+    errors, registers, spills, shared memory against the limit, CTAs per SM and the tensor-core instruction of every
+    tl.dot. Exit 1 when anything fails to compile, cannot launch, or spills."""
+    try:
+        targets = parse_targets(target_text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    overrides = dict(parse_set(s) for s in sets)
+    from spark_bench.registry import registry
+
+    reg = registry()  # validate names here; the capture runs in its own process
+    try:
+        matched = reg.match(list(ops))
+    except KeyError as exc:
+        raise UsageError(exc.args[0]) from None
+    if preset is None:
+        presets = [None, *gate.presets_of(list(ops))]
+    elif any(preset in op.presets for op in matched):
+        presets = [preset]
+    else:
+        have = sorted({p for op in matched for p in op.presets})
+        raise UsageError(f"unknown preset {preset!r}; the selected ops have: {', '.join(have) or '(none)'}")
+    err = click.get_text_stream("stderr")
+    started = time.monotonic()
+    err.write(f"capturing launches: {len(matched)} ops, {len(presets)} sweeps ...\n")
+    try:
+        captured = gate.capture_sweeps(list(ops), list(backends) or list(DEFAULT_BACKENDS), presets, overrides,
+                                       list(dtypes), quick, targets[0].name)
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
+    chosen = gate.select(captured.specs, selection)
+    err.write(f"{captured.cases} cases launch {len(captured.specs)} specialisations of "
+              f"{len({s.kernel for s in captured.specs})} kernels; compiling {len(chosen)} ({selection}) for "
+              f"{', '.join(t.name for t in targets)} ...\n")
+    tty = err.isatty()
+
+    def progress(done: int, total: int, result) -> None:
+        if tty or done == total or done % max(1, total // 10) == 0:
+            text = f"compiled {done}/{total} ({time.monotonic() - started:.0f} s)"
+            err.write("\r" + text if tty else text + "\n")
+            err.flush()
+
+    results = compile_all(chosen, [t.name for t in targets], jobs=jobs,
+                          cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
+                          triton_cache=triton_cache, progress=progress)
+    if tty:
+        err.write("\n")
+    import triton
+
+    rows = gate.rows(chosen, results)
+    line = summary(rows, [t.name for t in targets], triton.__version__)
+    if as_json:
+        click.echo(json.dumps({"triton": triton.__version__, "selection": selection, "sweeps": captured.sweeps,
+                               "cases": captured.cases, "capture_errors": captured.errors, "rows": rows,
+                               "summary": line}, indent=1, default=str))
+    else:
+        from spark_bench.console import console
+
+        out = console()
+        out.print(table(rows))
+        for e in captured.errors[:20]:
+            out.print(f"[yellow]capture failed[/] {escape(e['op'])} {escape(e['backend'])} {e['dtype']} "
+                      f"{escape(json.dumps(e['params']))}: {escape(e['message'])}")
+        out.print(line)
+    if markdown_path is not None:
+        markdown_path.write_text(gate.markdown(rows, f"<!-- {line} -->"))
+    failed = gate.failures(results)
+    if failed or captured.errors:
+        sys.exit(1)

@@ -1,0 +1,118 @@
+"""The offline GPU gate (spark_bench/kernelgate): every Triton kernel the GPU sweep and the model presets launch
+compiles for sm_90a, fits and does not spill; and the gate does report kernels that are broken for a GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from spark_bench.kernelgate import gate
+from spark_bench.kernelgate.capture import Spec
+from spark_bench.kernelgate.offline import compile_all, parse_ptxas_log, tensor_core_instructions
+from spark_bench.kernelgate.targets import TARGETS
+
+pytest.importorskip("triton")
+H200 = TARGETS["sm_90a"]
+BROKEN = "kernelgate.broken_kernels"
+
+
+def _spec(kernel, signature, constexprs, options, attrs=None):
+    return Spec(kernel=f"{BROKEN}:{kernel}", source_key=kernel, signature=signature, constexprs=constexprs,
+                attrs=attrs or {}, options={"num_ctas": 1, **options})
+
+
+@pytest.fixture(scope="session")
+def gate_cache(tmp_path_factory):
+    """One compile-result cache for the whole test session (each specialisation compiles once per CI run)."""
+    return tmp_path_factory.mktemp("kernelgate-cache")
+
+
+def test_ptxas_log_and_ptx_are_read():
+    log = ("ptxas info    : Compiling entry function 'k' for 'sm_90a'\nptxas info    : Function properties for k\n"
+           "    8 bytes stack frame, 24 bytes spill stores, 20 bytes spill loads\n"
+           "ptxas info    : Used 255 registers, used 1 barriers\n")
+    assert parse_ptxas_log(log) == {"regs": 255, "stack": 8, "spill_stores": 24, "spill_loads": 20}
+    with pytest.raises(ValueError):
+        parse_ptxas_log("")  # a cache hit prints nothing: never read it as zero spills
+    ptx = ("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {...}\n"
+           "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {...}\n")
+    assert tensor_core_instructions(ptx) == ["mma.sync m16n8k8 tf32", "wgmma m64n64k16 bf16"]
+
+
+def test_occupancy_follows_registers_warps_and_shared_memory():
+    assert H200.ctas_per_sm(regs=32, warps=4, shared=0) == 16  # threads: 2048 / 128
+    assert H200.ctas_per_sm(regs=255, warps=8, shared=0) == 1  # 256 regs x 256 threads = the whole file
+    assert H200.ctas_per_sm(regs=128, warps=4, shared=0) == 4
+    assert H200.ctas_per_sm(regs=32, warps=4, shared=100 * 1024) == 2  # 228 KB per SM
+    assert H200.ctas_per_sm(regs=32, warps=4, shared=H200.smem_per_block + 1) == 0
+
+
+def test_cover_compiles_every_constexpr_and_option_value_at_least_once():
+    def spec(bt, warps, flag):
+        return _spec("fits", {"x": "*bf16", "y": "*bf16", "n": "i32", "B": "constexpr"},
+                     {"B": bt, "FLAG": flag}, {"num_warps": warps, "num_stages": 3})
+
+    specs = [spec(bt, w, f) for bt in (16, 32, 64) for w in (4, 8) for f in (True, False)]
+    cover = gate.select(specs, "cover")
+    assert len(cover) < len(specs)
+    assert {s.constexprs["B"] for s in cover} == {16, 32, 64}
+    assert {s.options["num_warps"] for s in cover} == {4, 8}
+    assert {s.constexprs["FLAG"] for s in cover} == {True, False}
+    assert len(gate.select(specs, "classes")) == len(specs)
+
+
+def test_broken_kernels_are_reported_as_failures(gate_cache):
+    """A mismatched-branch kernel fails to compile; an over-budget num_stages kernel cannot launch; a small one
+    passes (so the failures are not an artefact of the harness)."""
+    ptr = [["tt.divisibility", 16]]
+    specs = [
+        _spec("mismatched_branches", {"x": "*fp32", "y": "*fp32", "n_blocks": "i32", "B": "constexpr"},
+              {"B": 32}, {"num_warps": 4, "num_stages": 3}, {"x": ptr, "y": ptr}),
+        _spec("staged_too_deep", {"a": "*fp32", "b": "*fp32", "c": "*fp32", "K": "i32", "BM": "constexpr",
+                                  "BN": "constexpr", "BK": "constexpr"},
+              {"BM": 128, "BN": 128, "BK": 64}, {"num_warps": 8, "num_stages": 4}, {"a": ptr, "b": ptr, "c": ptr}),
+        _spec("fits", {"x": "*bf16", "y": "*bf16", "n": "i32", "B": "constexpr"}, {"B": 256},
+              {"num_warps": 4, "num_stages": 3}, {"x": ptr, "y": ptr}),
+    ]
+    results = {r.kernel.rpartition(":")[2]: r for r in compile_all(specs, ["sm_90a"], jobs=2, cache_dir=gate_cache)}
+    assert results["mismatched_branches"].verdict == "compile-error"
+    assert "Mismatched type" in results["mismatched_branches"].error
+    staged = results["staged_too_deep"]
+    assert staged.verdict == "launch-resources", staged
+    assert staged.shared > H200.smem_per_block and staged.ctas_per_sm == 0
+    assert results["fits"].verdict == "ok" and results["fits"].spill_stores == 0
+    assert {r.kernel for r in gate.failures(list(results.values()))} == {specs[0].kernel, specs[1].kernel}
+
+
+def test_every_kernel_of_the_gpu_sweep_and_presets_compiles_fits_and_does_not_spill_on_sm_90a(gate_cache):
+    """The CI gate: a covering set of the specialisations `spark-bench run --device cuda` (and every model preset)
+    would launch, compiled offline for the H200."""
+    presets = [None, *gate.presets_of([])]
+    assert {"kimi-linear", "deepseek-v3", "glm-4.5"} <= set(presets)
+    captured = gate.capture_sweeps([], ["triton*"], presets, {}, [], False, "sm_90a")
+    assert not captured.errors, captured.errors[:3]
+    kernels = {s.name for s in captured.specs}
+    assert {"_chunk_intra", "_chunk_state", "_chunk_output", "_short_conv_prefill", "_grouped_down",
+            "_recurrent_decode", "_router_logits"} <= kernels
+    chosen = gate.select(captured.specs, "cover")
+    results = compile_all(chosen, ["sm_90a"], cache_dir=gate_cache)
+    bad = [f"{r.kernel.rpartition(':')[2]} {r.verdict}: {r.error}" for r in gate.failures(results)]
+    assert not bad, "\n".join(bad)
+    assert all(r.regs and r.ctas_per_sm >= 1 for r in results)
+
+
+def test_kernels_command_prints_the_table_and_exits_1_on_failure(tmp_path):
+    """The user-facing command on one op: a table and a summary line; a bad target is a one-line usage error."""
+    cmd = [sys.executable, "-m", "spark_bench", "kernels", "--op", "kda.gate", "--dtype", "bf16", "--set",
+           "tokens=64", "--set", "heads=4", "--preset", "kimi-linear", "--json", "--cache-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    assert data["rows"] and all(r["verdict"] == "ok" and r["target"] == "sm_90a" for r in data["rows"])
+    assert {r["kernel"] for r in data["rows"]} == {"_kda_gate_fwd"}
+    bad = subprocess.run([sys.executable, "-m", "spark_bench", "kernels", "--target", "sm_75"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "sm_90a" in bad.stderr
