@@ -4,10 +4,8 @@ gate on new regressions (`check`), write the trend report, prune old runs. docs/
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import functools
 import json
-import re
 import sqlite3
 import sys
 from collections.abc import Callable, Iterator
@@ -18,6 +16,7 @@ import click
 from rich.markup import escape
 
 from spark_bench.history import detect, gitinfo, query
+from spark_bench.history.gate import parse_age, regressions
 from spark_bench.history.store import DEFAULT_DB, HistoryError, add_runs, connect
 from spark_bench.results import ResultsError
 
@@ -278,27 +277,6 @@ def _series_json(s: detect.Series) -> dict[str, Any]:
             "steps": [{"index": st.index, **st.to_dict()} for st in s.steps]}
 
 
-DATE = re.compile(r"^\d{4}-\d{2}-\d{2}([T ][0-9:]+(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?$")
-
-
-def since_index(s: detect.Series, since: str, repo: Path | None) -> int:
-    """Index of the first point after `since`: a commit (exclusive, as in `git log SINCE..`), or a date (inclusive;
-    the first point whose first run was made on or after it, whatever its commit's age)."""
-    if DATE.match(since):
-        when = gitinfo.utc(since if "T" in since or " " in since else since + "T00:00:00+00:00")
-        if when is None:
-            raise HistoryError(f"--since {since!r} is not a valid date")
-        return next((i for i, p in enumerate(s.points) if (p.created or p.time or "") >= when), len(s.points))
-    hits = [i for i, p in enumerate(s.points) if p.commit and p.commit.startswith(since)]
-    if hits:
-        return hits[-1] + 1
-    when = gitinfo.commit_time_of(repo, since)
-    if when is None:
-        raise HistoryError(f"--since {since!r}: no stored run of {s.device} has that commit and the repository does "
-                           "not know it (give a commit of a stored run, or a date YYYY-MM-DD)")
-    return next((i for i, p in enumerate(s.points) if (p.time or "") > when), len(s.points))
-
-
 @history.command("check")
 @click.option("--since", required=True, metavar="COMMIT|DATE",
               help="Gate on steps after this commit (exclusive) or first measured on/after this date (UTC).")
@@ -320,23 +298,7 @@ def check_cmd(since, ops, backends, db, fingerprint, branch, threshold, repo, as
         all_s = _series(con, ops, backends, (), (), fingerprint, branch, thr)
     if not all_s:
         raise HistoryError("no stored case matches the selection (see `spark-bench history list`)")
-    found, known = [], False
-    for s in all_s:
-        try:
-            start = since_index(s, since, repo_path)
-            known = True
-        except HistoryError:
-            continue  # this fingerprint never ran that commit; another may have
-        for st in s.steps:
-            if st.index >= start and st.direction == "slower":
-                st.suspects = gitinfo.log_range(repo_path, st.last_good.commit, st.first_bad.commit)
-                found.append((s, "slower", st))
-        pts = s.points
-        was_ok = any(p.status == "ok" for p in pts[:start])
-        if pts and start < len(pts) and was_ok and pts[-1].status not in ("ok", "skipped"):
-            found.append((s, "broken", None))
-    if not known:
-        since_index(all_s[0], since, repo_path)  # raises the one-line error
+    found = regressions(all_s, since, repo_path)
     if as_json:
         click.echo(json.dumps([{"op": s.case.op, "backend": s.case.backend, "dtype": s.case.dtype,
                                 "params": s.case.params, "fingerprint_id": s.fingerprint_id, "verdict": v,
@@ -385,17 +347,6 @@ def report_cmd(output, ops, backends, db, fingerprint, branch, threshold, repo, 
         for st in s.steps:
             st.suspects = gitinfo.log_range(repo_path, st.last_good.commit, st.first_bad.commit)
     click.echo(str(write_trends(series, output, db=db, threshold=thr, last=last)))
-
-
-def parse_age(text: str) -> str:
-    """'90d', '12w', '6m' (months of 30 days), '1y', or a date -> the UTC cut-off timestamp."""
-    m = re.fullmatch(r"(\d+)\s*([dwmy])", text.strip())
-    if m:
-        days = int(m.group(1)) * {"d": 1, "w": 7, "m": 30, "y": 365}[m.group(2)]
-        return (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=days)).isoformat(timespec="seconds")
-    if DATE.match(text.strip()) and gitinfo.utc(text.strip()):
-        return gitinfo.utc(text.strip())  # type: ignore[return-value]
-    raise HistoryError(f"--older-than {text!r}: expected an age like 90d, 12w, 6m, 1y or a date YYYY-MM-DD")
 
 
 @history.command("prune")
