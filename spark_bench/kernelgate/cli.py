@@ -53,7 +53,8 @@ def summary(rows: list[dict], targets: list[str], triton_version: str) -> str:
     for target in targets:
         mine = [r for r in rows if r["target"] == target]
         count = {v: sum(r["verdict"] == v for r in mine) for v in VERDICT_STYLE}
-        parts.append(f"{target}: {len(mine)} specialisations of {len({r['kernel'] for r in mine})} kernels, "
+        kernels = len({(r["module"], r["kernel"]) for r in mine})
+        parts.append(f"{target}: {len(mine)} specialisations of {kernels} kernels, "
                      f"{count['ok']} ok, {count['compile-error']} compile errors, "
                      f"{count['launch-resources']} launch-resource failures, {count['spills']} with spills")
     return f"triton {triton_version}; " + "; ".join(parts)
@@ -64,6 +65,7 @@ def summary(rows: list[dict], targets: list[str], triton_version: str) -> str:
 @click.option("--backend", "backends", multiple=True,
               help=f"Backends whose launches are captured, as globs (default: {', '.join(DEFAULT_BACKENDS)}).")
 @click.option("--preset", default=None, help="Only this model preset (default: the GPU sweep and every preset).")
+@click.option("--no-presets", is_flag=True, help="Only the plain GPU sweep, no model presets.")
 @click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Override an axis, as for `run`.")
 @click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (default: the GPU sweep's).")
 @click.option("--target", "target_text", default=REQUIRED, show_default=True,
@@ -81,7 +83,7 @@ def summary(rows: list[dict], targets: list[str], triton_version: str) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write a per-kernel summary table (markdown) to this file.")
-def kernels(ops, backends, preset, sets, dtypes, target_text, selection, quick, jobs, cache_dir, no_cache,
+def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, selection, quick, jobs, cache_dir, no_cache,
             triton_cache, as_json, markdown_path) -> None:
     """Compile every Triton kernel specialisation the GPU sweep launches for GPU targets, offline (no GPU): compile
     errors, registers, spills, shared memory against the limit, CTAs per SM and the tensor-core instruction of every
@@ -99,7 +101,7 @@ def kernels(ops, backends, preset, sets, dtypes, target_text, selection, quick, 
     except KeyError as exc:
         raise UsageError(exc.args[0]) from None
     if preset is None:
-        presets = [None, *gate.presets_of(list(ops))]
+        presets = [None] if no_presets else [None, *gate.presets_of(list(ops))]
     elif any(preset in op.presets for op in matched):
         presets = [preset]
     else:

@@ -6,7 +6,9 @@ spills; `metadata.shared` the dynamic shared memory, checked against the target'
 Compiles run in parallel worker processes (each compile is single-threaded) with TRITON_ALWAYS_COMPILE=1, so the
 ptxas log is never lost to Triton's cache; our own result cache (JSON per specialisation and target, keyed by the
 kernel's source hash) makes a second run instant. `triton_cache` names a Triton cache directory to fill instead (a
-precompiled cache to carry to a GPU machine with the same Triton).
+precompiled cache for a GPU machine with the same Triton, or that machine's own cache filled in parallel before a
+sweep): there kernels already cached are not compiled again and their registers and local memory come from the
+cubin (`cuobjdump -res-usage`).
 """
 
 from __future__ import annotations
@@ -87,6 +89,26 @@ def parse_ptxas_log(log: str) -> dict[str, int]:
             "spill_stores": sum(int(p[1]) for p in props), "spill_loads": sum(int(p[2]) for p in props)}
 
 
+def cubin_resource_usage(cubin: bytes) -> dict[str, int]:
+    """Registers and local memory (bytes per thread: spills and stack arrays) of a cubin, from the `cuobjdump
+    -res-usage` that Triton ships: the fallback when Triton took the kernel from its cache and ran no ptxas."""
+    import subprocess
+    import tempfile
+
+    from triton import knobs
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([knobs.nvidia.cuobjdump.path, "-res-usage", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    regs = [int(r) for r in re.findall(r"REG:(\d+)", text)]
+    local = [int(r) for r in re.findall(r"LOCAL:(\d+)", text)]
+    if not regs:
+        raise ValueError(f"no resource usage in cuobjdump's output: {text[:200]!r}")
+    return {"regs": max(regs), "stack": 0, "spill_stores": sum(local), "spill_loads": 0}
+
+
 def _constexpr_value(value: Any) -> Any:
     if isinstance(value, dict) and "repr" in value:
         raise ValueError(f"constexpr {value['repr']} ({value['type']}) cannot be rebuilt offline")
@@ -124,7 +146,8 @@ def compile_one(spec: dict[str, Any], target_name: str) -> dict[str, Any]:
         with contextlib.redirect_stdout(log):
             kernel = triton.compile(src, target=target.gpu_target(), options=dict(spec_obj.options))
         result.seconds = time.perf_counter() - start
-        usage = parse_ptxas_log(log.getvalue())
+        log_text = log.getvalue()
+        usage = parse_ptxas_log(log_text) if "Used" in log_text else cubin_resource_usage(kernel.asm["cubin"])
     except Exception as exc:  # a compile error is a result, not a crash
         result.seconds = time.perf_counter() - start
         result.error = _error_line(exc)
@@ -221,10 +244,11 @@ def compile_all(specs: Iterable[Spec], targets: Iterable[str], *, jobs: int | No
         for i, result in enumerate(done.values(), 1):
             progress(i, total, result)
     if todo:
-        env = {"TRITON_INTERPRET": "0", "TRITON_ALWAYS_COMPILE": "1",
-               "TRITON_DEFAULT_FP_FUSION": os.environ.get("TRITON_DEFAULT_FP_FUSION", "1")}
-        if triton_cache is not None:
-            env["TRITON_CACHE_DIR"] = str(triton_cache)
+        env = {"TRITON_INTERPRET": "0", "TRITON_ALWAYS_COMPILE": "1"}
+        if triton_cache is not None:  # the keys must be the ones the GPU's JIT computes: no extra knobs
+            env = {"TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(triton_cache), "TRITON_ALWAYS_COMPILE": "0"}
+        elif "TRITON_DEFAULT_FP_FUSION" not in os.environ:
+            env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9's default, said explicitly to silence its warning
         jobs = jobs or max(1, os.cpu_count() or 1)
         # slowest first: long compiles (many dots, big tiles) should not start last
         todo.sort(key=lambda st: -len(json.dumps(st[0].constexprs)))

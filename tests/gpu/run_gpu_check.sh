@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The prepared GPU check (one call of the `device` tool, <= 8 minutes on an H200):
-#   1. every Triton kernel's correctness in bf16 on the GPU (the quick sweep of all ops, triton backend only),
+#   0. every Triton kernel compiled in parallel into the JIT's cache (the GPU sweep's specialisations, offline
+#      machinery of `spark-bench kernels` on the device's own Triton), so the sweep's workers do not compile serially,
+#   1. every Triton kernel's correctness in bf16 on the GPU (the quick sweep of all ops, triton backend only), and
+#      each kernel's registers and spills as the driver reports them beside the offline figures,
 #   2. our CUDA timers against triton.testing.do_bench,
 #   3. the measured roofline (spark-bench calibrate),
 #   4. the GPU sweep (every op, every available backend, fla/vLLM as peers where installed) and its HTML report.
@@ -13,7 +16,13 @@ mkdir -p "$OUT"
 LOG="$OUT/gpu_check.log"
 exec > >(tee -a "$LOG") 2>&1
 export PYTHONUNBUFFERED=1
-SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-270}
+SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-150}  # the steps add up to <= 8 minutes with the installs
+# One Triton cache for every step: a precompiled one carried in .triton-cache (made here with the device's Triton
+# version, see docs/kernels.md) is used when present; the entries counted before and after each step say whether
+# the device's JIT found them (its cache keys include the Triton and ptxas versions).
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton-cache}
+mkdir -p "$TRITON_CACHE_DIR"
+cache_entries() { find "$TRITON_CACHE_DIR" -name '*.json' ! -name '__grp__*' | wc -l; }
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -21,11 +30,18 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
 fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv || true
-spark-bench env --json > /tmp/env.json && cp /tmp/env.json "$OUT/env.json"
+spark-bench env --json  # the fingerprint (also stored in run.json)
+
+echo "== 0. precompile (budget 80 s; carried cache entries: $(cache_entries))"
+timeout 80 spark-bench kernels --no-presets --select all --jobs 16 --triton-cache "$TRITON_CACHE_DIR" --json \
+  > /tmp/precompile.json 2> /tmp/precompile.err
+echo "precompile exit code: $? ($(tail -n 1 /tmp/precompile.err)); cache entries now: $(cache_entries)"
 
 echo "== 1. Triton kernels, bf16, on the GPU"
-timeout 120 spark-bench run --device cuda --backend triton --dtype bf16 --quick --out /tmp/gpu-correct --no-report
-echo "correctness exit code: $?"
+before=$(cache_entries)
+timeout 90 spark-bench run --device cuda --backend 'triton*' --dtype bf16 --quick --out /tmp/gpu-correct --no-report
+echo "correctness exit code: $?; new JIT cache entries (compiled by the JIT, not found): $(( $(cache_entries) - before ))"
+timeout 40 python3 tests/gpu/kernel_metadata.py "$OUT/kernel_metadata.json" results/kernels/offline-quick-sm_90a-triton-3.6.json
 python3 - <<'PY' > "$OUT/triton_bf16_correctness.json"
 import json
 rows = [json.loads(l) for l in open("/tmp/gpu-correct/results.jsonl") if l.strip()]
@@ -33,14 +49,16 @@ print(json.dumps([{k: r.get(k) for k in ("op", "params", "status", "error")} | {
 PY
 
 echo "== 2. timers vs triton.testing.do_bench"
-timeout 90 python3 tests/gpu/xcheck_do_bench.py "$OUT/timer_xcheck.json"
+timeout 45 python3 tests/gpu/xcheck_do_bench.py "$OUT/timer_xcheck.json"
 
 echo "== 3. calibrate"
-timeout 60 spark-bench calibrate --device cuda --json > "$OUT/calibrate.json"
+timeout 40 spark-bench calibrate --device cuda --json > "$OUT/calibrate.json"
 
 echo "== 4. GPU sweep (budget ${SWEEP_BUDGET_S}s; resumable)"
+before=$(cache_entries)
 timeout "$SWEEP_BUDGET_S" spark-bench run --device cuda --max-time 0.3 --out /tmp/gpu-sweep --no-report
-echo "sweep exit code: $? (124 = budget reached; the journal keeps every finished case)"
+echo "sweep exit code: $? (124 = budget reached; the journal keeps every finished case);" \
+     "new JIT cache entries: $(( $(cache_entries) - before ))"
 spark-bench report /tmp/gpu-sweep -o "$OUT/report.html"
 cp /tmp/gpu-sweep/run.json "$OUT/run.json"
 cp /tmp/gpu-sweep/results.jsonl "$OUT/results.jsonl"
