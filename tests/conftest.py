@@ -21,3 +21,11 @@ def fault_env(monkeypatch):
 
 def spark_bench_cmd(*args):
     return [sys.executable, "-m", "spark_bench", *map(str, args)]
+
+
+@pytest.fixture
+def hostile_env(fault_env, tmp_path):
+    """Like fault_env, with the hostile test plugin (tests/plugins/hostile_plugin.py) loaded too; the pids of the
+    processes its backends start are written under tmp_path/hostile."""
+    (tmp_path / "hostile").mkdir()
+    return {**fault_env, "SPARK_BENCH_PLUGINS": "fault_plugin,hostile_plugin", "HOSTILE_DIR": str(tmp_path / "hostile")}

@@ -43,3 +43,30 @@ def test_a_second_run_of_a_live_run_directory_is_refused(tmp_path, fault_env):
     records = _lines(out / "results.jsonl")
     assert len(records) == len({r["case_id"] for r in records}) == 6  # journalled once each
     assert json.loads((out / "run.json").read_text())["summary"]["cases"] == 6
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def test_a_forking_backend_crash_is_a_crash_and_its_processes_end(tmp_path, hostile_env):
+    out = tmp_path / "run"
+    proc = subprocess.run(spark_bench_cmd("run", "--op", "hostile.forks", "--quick", "--timeout", "60",
+                                          "--out", out, "--no-report"), env=hostile_env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    by = {(r["backend"], r["params"]["rows"]): r for r in _lines(out / "results.jsonl")}
+    for rows in (3, 17):
+        crash = by[("fork_then_segfault", rows)]
+        assert crash["status"] == "crash" and "SIGSEGV" in crash["error"], crash["error"]
+        assert by[("leaves_a_sleeper", rows)]["status"] == "ok"
+    pids = [int(p.read_text()) for p in (tmp_path / "hostile").iterdir()]
+    assert len(pids) >= 4  # two forked children and two sleepers (at least)
+    deadline = time.time() + 30  # SIGKILLed at once; give init time to reap them
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)], "processes started by backends outlived the sweep"

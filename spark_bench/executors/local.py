@@ -24,6 +24,7 @@ from spark_bench.executors.base import CaseQueue, Executor, RunContext, Sink, Sl
 from spark_bench.sweep import Case
 
 STARTUP_TIMEOUT_S = 300.0
+EXIT_POLL_S = 0.25  # how often a waiting parent checks the worker's exit status
 _SPAWN_LOCK = threading.Lock()  # the worker's environment is the parent's at spawn time
 
 
@@ -75,22 +76,52 @@ class Worker:
         self.pid = msg[1]
 
     def receive(self, timeout: float) -> tuple | None:
-        """The next message, None on timeout, ('dead', exitcode) when the process died."""
-        ready = wait([self.conn, self.process.sentinel], timeout=max(timeout, 0.0))
-        if not ready:
-            return None
-        if self.conn in ready:
-            try:
-                return self.conn.recv()
-            except (EOFError, OSError):
-                pass
+        """The next message, None on timeout, ('dead', exitcode) when the process died.
+
+        Death is noticed from the exit status (waitpid), not only from the pipe and sentinel: a process the backend
+        forked inherits both and keeps them open after the worker dies, which would turn a crash into a timeout."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            left = deadline - time.monotonic()
+            ready = wait([self.conn, self.process.sentinel], timeout=max(0.0, min(left, EXIT_POLL_S)))
+            if self.conn in ready or (not ready and self.conn.poll(0)):
+                try:
+                    return self.conn.recv()
+                except (EOFError, OSError):
+                    break
+            if ready or self.process.exitcode is not None:  # exitcode polls waitpid(WNOHANG)
+                if self.conn.poll(0):  # a last message sent before it exited
+                    try:
+                        return self.conn.recv()
+                    except (EOFError, OSError):
+                        pass
+                break
+            if left <= 0:
+                return None
         self.process.join(timeout=5)
         return ("dead", self.process.exitcode)
 
+    def _kill_group(self) -> None:
+        """End every process the worker's backends started: the worker leads its own process group."""
+        pgid = self.process.pid
+        if pgid is None:
+            return
+        try:
+            if os.getpgid(pgid) != pgid:
+                return  # not (yet, or no longer) the leader of its own group
+        except ProcessLookupError:
+            pass  # the leader is gone; its group may live on
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
     def kill(self) -> None:
+        self._kill_group()
         if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout=10)
+        self._kill_group()
         self.conn.close()
 
     def stop(self) -> None:
@@ -101,6 +132,9 @@ class Worker:
         self.process.join(timeout=10)
         if self.process.is_alive():
             self.kill()
+        else:
+            self._kill_group()  # what its backends started must not outlive the sweep
+            self.conn.close()
 
 
 PhaseFn = Callable[[Case, str], None]

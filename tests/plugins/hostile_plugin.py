@@ -1,0 +1,115 @@
+"""A hostile test plugin (loaded via $SPARK_BENCH_PLUGINS): backends that defeat a naive harness (issue 15).
+
+Every op computes y = 2 * x like fault_plugin's `fault.scale`. HOSTILE_DIR (a directory) receives the pids of the
+processes the backends start, so a test can check that none outlives the sweep.
+"""
+
+import ctypes
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+from spark_bench import Axis, Cost, Op, Tolerance
+from spark_bench.inputs import generator, randn
+
+
+def make_inputs(p, *, device, dtype, seed):
+    _fake_sync()
+    return {"x": randn((p["rows"], p["cols"]), generator(device, seed), dtype=dtype, device=device)}
+
+
+def reference(x):
+    return 2 * x.double()
+
+
+def _op(name, rows=(3, 17), **kw):
+    return Op(name=name, make_inputs_fn=make_inputs, reference=reference,
+              cost=lambda p, dtype: Cost(flops=p["rows"] * p["cols"], bytes=8 * p["rows"] * p["cols"]),
+              axes=[Axis("rows", [64], quick=list(rows)), Axis("cols", [64], quick=[5])],
+              dtypes=["fp32"], tolerance={"fp32": Tolerance(1e-6)}, **kw)
+
+
+def _note_pid(kind, pid):
+    folder = os.environ.get("HOSTILE_DIR")
+    if folder:
+        with open(os.path.join(folder, f"{kind}-{pid}"), "w") as f:
+            f.write(str(pid))
+
+
+# --- item 2: an asynchronous fault that surfaces at the next case's sync (a CUDA illegal memory access) ------------
+_POISONED = False
+
+
+def _fake_sync():
+    """What a device sync does after an earlier kernel faulted: the error surfaces now, in whoever syncs."""
+    if _POISONED:
+        ctypes.string_at(0)
+
+
+asyncfault = _op("hostile.asyncfault", rows=(3, 5, 7, 9))
+
+
+@asyncfault.backend("innocent")
+def innocent(x):
+    _fake_sync()
+    return 2 * x
+
+
+@asyncfault.backend("poisoner")
+def poisoner(x):
+    """Correct, but leaves the worker poisoned: the next case that syncs (in this process) segfaults."""
+    global _POISONED
+    _POISONED = True
+    return 2 * x
+
+
+# --- item 3: processes a backend starts ------------------------------------------------------------------------
+forks = _op("hostile.forks")
+
+
+@forks.backend("fork_then_segfault")
+def fork_then_segfault(x):
+    """Forks a child that keeps the worker's pipe open, then segfaults: a crash, not a timeout."""
+    pid = os.fork()
+    if pid == 0:
+        _note_pid("child", os.getpid())
+        time.sleep(3600)
+        os._exit(0)
+    ctypes.string_at(0)
+
+
+@forks.backend("leaves_a_sleeper")
+def leaves_a_sleeper(x):
+    """Correct, but starts a process that would outlive the sweep."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    _note_pid("sleeper", proc.pid)
+    return 2 * x
+
+
+# --- item 5: outputs the value check alone would pass ----------------------------------------------------------
+check = _op("hostile.check", rows=(3,))
+
+
+@check.backend("float64_out")
+def float64_out(x):
+    return 2 * x.double()
+
+
+@check.backend("overwrites_input")
+def overwrites_input(x):
+    """Right answer, but leaves its input doubled: every timed call then runs on different data."""
+    x.mul_(2)
+    return x.clone()
+
+
+@check.backend("empty_out")
+def empty_out(x):
+    return torch.empty(0, x.shape[1], dtype=x.dtype)
+
+
+@check.backend("fine")
+def fine(x):
+    return 2 * x
