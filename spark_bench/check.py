@@ -44,8 +44,8 @@ def tensor_metrics(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
     if bad.any():
         return {"error": f"{int(bad.sum())} of {o.numel()} values are NaN/inf where the reference is finite "
                          "(unwritten output or overflow)", "nonfinite": int(bad.sum())}
-    if o.numel() == 0:
-        return {"err_ratio": 0.0, "max_abs": 0.0, "cosine": 1.0}
+    if o.numel() == 0:  # nothing was compared: an empty output is not a perfect match
+        return {"error": f"output is empty (shape {tuple(out.shape)}): nothing to check"}
     finite = torch.isfinite(r)
     o, r = o[finite], r[finite]
     diff = o - r
@@ -81,8 +81,39 @@ def default_compare(out: Any, ref: Any, tol: Tolerance) -> tuple[dict[str, Any],
     return metrics, not problems, "; ".join(problems)
 
 
-def check_outputs(op: Op, out: Any, ref: Any, inputs: dict[str, Any], dtype: str) -> dict[str, Any]:
-    """The `check` record of a result: metrics, ok, tolerance and a message naming what failed."""
+def dtype_problems(out: Any, inputs: dict[str, Any], dtype: str) -> list[str]:
+    """A floating output must have the case's dtype or that of a floating input (an fp32 state of a bf16 op): an
+    fp64 output of an fp32 op passes the value check but is not the op (its bytes, and so its GB/s, are wrong)."""
+    from spark_bench.dtypes import torch_dtype
+
+    allowed = {torch_dtype(dtype)} | {t.dtype for _, t in flatten_outputs(inputs) if t.is_floating_point()}
+    names = ", ".join(sorted(str(d).replace("torch.", "") for d in allowed))
+    return [f"output {name}: dtype {str(t.dtype).replace('torch.', '')}, expected {names}"
+            for name, t in flatten_outputs(out) if t.is_floating_point() and t.dtype not in allowed]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)))
+    return bool(torch.equal(a, b))
+
+
+def mutated_inputs(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Names of the tensor inputs a call changed in place (bitwise; NaN equals NaN)."""
+    return [name for name, t in after.items()
+            if isinstance(t, torch.Tensor) and isinstance(before.get(name), torch.Tensor)
+            and not _same(before[name], t)]
+
+
+def check_outputs(op: Op, out: Any, ref: Any, inputs: dict[str, Any], dtype: str,
+                  pristine: dict[str, Any] | None = None, backend: str | None = None) -> dict[str, Any]:
+    """The `check` record of a result: metrics, ok, tolerance and a message naming what failed.
+
+    Besides the values: floating outputs must have the op's dtype (`dtype_problems`; not for the fp64 `reference`
+    backend), and given `pristine` (a copy of the inputs before the call) the inputs must come back unchanged, unless
+    the op declares in-place outputs (`outputs=`): a backend that overwrites its inputs is timed on other data."""
     tol = op.tolerance_for(dtype)
     if op.outputs is not None:
         out = op.outputs(out, inputs)
@@ -90,6 +121,12 @@ def check_outputs(op: Op, out: Any, ref: Any, inputs: dict[str, Any], dtype: str
         metrics, ok, message = op.compare(out, ref, inputs, dtype)
     else:
         metrics, ok, message = default_compare(out, ref, tol)
+    problems = [] if backend == "reference" else dtype_problems(out, inputs, dtype)
+    if pristine is not None and op.outputs is None:
+        problems += [f"input {name} was modified in place (every timed call would run on other data; an in-place "
+                     "op declares outputs=)" for name in mutated_inputs(pristine, inputs)]
+    if problems:
+        ok, message = False, "; ".join(filter(None, [*problems, message]))
     return {**metrics, "ok": bool(ok), "message": message,
             "tolerance": {"err_ratio": tol.err_ratio, "max_abs": tol.max_abs}}
 

@@ -122,7 +122,7 @@ class CaseRunner:
         with poisoned_allocations(patch_torch=not backend.traced):
             out = fn(**check_inputs)
             _sync(case.device)
-        record["check"] = check_outputs(op, out, ref, check_inputs, case.dtype)
+        record["check"] = check_outputs(op, out, ref, check_inputs, case.dtype, pristine=sets[0], backend=case.backend)
         del out, check_inputs
         if not record["check"]["ok"]:
             record["status"] = "mismatch"
@@ -191,6 +191,10 @@ def _die_with_parent() -> None:
 def main(conn, device: str, log_path: str | None) -> None:
     """Entry point of a spawned worker process."""
     _die_with_parent()
+    try:
+        os.setpgid(0, 0)  # its own process group: the runner ends whatever a backend started with it
+    except OSError:
+        pass
     if log_path:
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 2)

@@ -34,3 +34,50 @@ def test_out_pointing_at_a_file_is_one_line(tmp_path):
     path.write_text("x")
     with pytest.raises(ResultsError, match="is a file"):
         RunStore(path).lock()
+
+
+@pytest.fixture
+def hostile_registry(monkeypatch):
+    from conftest import TESTS
+
+    from spark_bench.registry import Registry
+
+    monkeypatch.syspath_prepend(str(TESTS / "plugins"))
+    import hostile_plugin
+
+    reg = Registry()
+    reg.load_object("hostile_plugin", hostile_plugin)
+    return reg
+
+
+def _run_case(reg, op, backend, params=None, dtype="fp32"):
+    from spark_bench.sweep import Case
+    from spark_bench.timing import TimingConfig
+    from spark_bench.worker import CaseRunner
+
+    case = Case(op, backend, params or {"rows": 3, "cols": 5}, dtype, "cpu", 0)
+    return CaseRunner(reg).run(case, TimingConfig.quick())
+
+
+@pytest.mark.parametrize("backend, needle", [
+    ("float64_out", "output 0: dtype float64, expected float32"),
+    ("overwrites_input", "input x was modified in place"),
+    ("empty_out", "shape (0, 5) != reference (3, 5)"),
+])
+def test_the_check_catches_what_values_alone_pass(hostile_registry, backend, needle):
+    rec = _run_case(hostile_registry, "hostile.check", backend)
+    assert rec["status"] == "mismatch" and needle in rec["error"], rec["error"]
+    assert rec["timing"] is None
+
+
+def test_the_check_still_passes_good_backends_and_the_fp64_reference(hostile_registry):
+    for backend in ("fine", "reference"):
+        rec = _run_case(hostile_registry, "hostile.check", backend)
+        assert rec["status"] == "ok", (backend, rec["error"])
+
+
+def test_an_empty_output_is_not_a_perfect_match():
+    from spark_bench.check import tensor_metrics
+
+    m = tensor_metrics(torch.empty(0, 4), torch.empty(0, 4, dtype=torch.float64))
+    assert "empty" in m["error"]
