@@ -138,9 +138,11 @@ def env_cmd(as_json: bool, device: str | None) -> None:
 @click.option("--dry-run", is_flag=True, help="Print the cases and their estimated duration (from stored results).")
 @click.option("--history", "history_db", type=click.Path(path_type=Path), default=None, metavar="DB",
               help="Add the run to this history database when it ends (see `spark-bench history`).")
+@click.option("--no-confirm-crashes", is_flag=True,
+              help="Record a crash at once, without re-running the case in a fresh worker to confirm it is its own.")
 def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resume, timeout, seed, max_time,
             min_samples, target_ci, no_flush, timer, no_energy, no_report, executor_kind, devices, ray_address,
-            retries, dry_run, history_db) -> None:
+            retries, dry_run, history_db, no_confirm_crashes) -> None:
     """Sweep ops x backends x shapes x dtypes: check each case against the reference, then time it."""
     from spark_bench.session import Session
     from spark_bench.worker import ENERGY_ENV
@@ -180,7 +182,7 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
         connect(history_db, create=True).close()
     if session is None:
         session = Session.create(spec, cfg, out, timeout, command=sys.argv, results_root=RESULTS_ROOT)
-    code = session.execute(report=not no_report, executor=executor)
+    code = session.execute(report=not no_report, executor=executor, confirm_crashes=not no_confirm_crashes)
     if history_db is not None:
         counts = add_runs(history_db, [session.store.path])
         click.echo(f"history {history_db}: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n))

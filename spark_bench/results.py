@@ -37,6 +37,58 @@ def case_id(op: str, backend: str, params: dict[str, Any], dtype: str, device: s
     return "|".join([op, backend, json.dumps(params, sort_keys=True, separators=(",", ":")), dtype, device])
 
 
+_NUMBER = (int, float)
+_NONE = type(None)
+# field -> the JSON types it may hold (docs/results.md); REQUIRED fields must be present in every record
+RECORD_FIELDS: dict[str, tuple[type, ...]] = {
+    "case_id": (str,), "op": (str,), "backend": (str,), "params": (dict,), "dtype": (str,), "device": (str,),
+    "status": (str,), "error": (str, _NONE), "labels": (list,), "check": (dict, _NONE), "timing": (dict, _NONE),
+    "cost": (dict, _NONE), "gbps": (*_NUMBER, _NONE), "tflops": (*_NUMBER, _NONE), "stages": (list, _NONE),
+    "extra": (dict, _NONE), "power": (dict, _NONE), "roofline": (dict, _NONE), "duration_s": (*_NUMBER, _NONE),
+    "recompiles_during_timing": (int, _NONE), "started": (str, _NONE), "phase": (str, _NONE),
+    "worker_log_tail": (str, _NONE), "host": (str, _NONE), "worker": (str, _NONE), "executor": (str, _NONE),
+}
+REQUIRED = ("case_id", "op", "backend", "params", "dtype", "device", "status")
+RUN_FIELDS: dict[str, tuple[type, ...]] = {
+    "run_id": (str,), "created": (str, _NONE), "finished": (str, _NONE), "fingerprint": (dict, _NONE),
+    "command": (list, _NONE), "spec": (dict, _NONE), "roofline": (dict, _NONE), "summary": (dict, _NONE),
+}
+_JSON_NAMES = {str: "a string", dict: "an object", list: "a list", int: "a number", float: "a number",
+               bool: "true/false", _NONE: "null"}
+
+
+def _type_name(value: Any) -> str:
+    return _JSON_NAMES.get(type(value), type(value).__name__)
+
+
+def record_problem(rec: Any) -> str | None:
+    """Why a results.jsonl record does not follow the schema (one line), or None when it does."""
+    if not isinstance(rec, dict):
+        return f"not a JSON object but {_type_name(rec)}"
+    for key in REQUIRED:
+        if key not in rec:
+            return f"missing required field {key!r}"
+    for key, types in RECORD_FIELDS.items():
+        if key in rec and (not isinstance(rec[key], types) or (isinstance(rec[key], bool) and bool not in types)):
+            want = " or ".join(dict.fromkeys(_JSON_NAMES[t] for t in types))
+            return f"field {key!r} must be {want}, not {_type_name(rec[key])}"
+    if rec["status"] not in STATUSES:
+        return f"unknown status {rec['status'][:40]!r} (one of {', '.join(STATUSES)})"
+    timing = rec.get("timing")
+    if isinstance(timing, dict) and not isinstance(timing.get("median", 0), _NUMBER):
+        return "field 'timing.median' must be a number"
+    return None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ResultsError(f"{path}: not UTF-8 text (undecodable byte at offset {exc.start})") from None
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read ({exc.strerror})") from None
+
+
 def _write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
@@ -105,14 +157,18 @@ class RunStore:
         if not self.run_file.is_file():
             raise ResultsError(f"{self.path} is not a spark-bench run directory (no {RUN_FILE})")
         try:
-            run = json.loads(self.run_file.read_text())
+            run = json.loads(_read_text(self.run_file))
         except json.JSONDecodeError as exc:
             raise ResultsError(f"{self.run_file}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
         if not isinstance(run, dict) or run.get("schema") != RUN_SCHEMA:
             raise ResultsError(f"{self.run_file}: not a spark-bench run file")
         if run.get("schema_version") != SCHEMA_VERSION:
-            raise ResultsError(f"{self.run_file}: schema version {run.get('schema_version')!r}, "
+            raise ResultsError(f"{self.run_file}: schema version {json.dumps(run.get('schema_version'))[:40]}, "
                                f"this spark-bench reads {SCHEMA_VERSION}")
+        for key, types in RUN_FIELDS.items():
+            if key in run and not isinstance(run[key], types):
+                want = " or ".join(dict.fromkeys(_JSON_NAMES[t] for t in types))
+                raise ResultsError(f"{self.run_file}: field {key!r} must be {want}, not {_type_name(run[key])}")
         return run
 
     def repair_tail(self) -> None:
@@ -132,10 +188,15 @@ class RunStore:
             f.flush()
             os.fsync(f.fileno())
 
+    def amend(self, target: str, *, label: str | None = None, **fields: Any) -> None:
+        """Append an amendment of an earlier record (the journal is append-only): `read_results` merges `fields`
+        into the record of case `target` and adds `label` to its labels. An amendment is not a case."""
+        self.append({"amends": target, "label": label, "fields": fields, "at": now()})
+
     def read_results(self) -> list[dict[str, Any]]:
         if not self.results_file.is_file():
             raise ResultsError(f"{self.path} has no {RESULTS_FILE}")
-        records, lines = [], self.results_file.read_text().split("\n")
+        records, lines = [], _read_text(self.results_file).split("\n")
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -145,10 +206,28 @@ class RunStore:
                 if number == len(lines):  # a partial last line of a killed run
                     continue
                 raise ResultsError(f"{self.results_file}:{number}: malformed line") from None
+            if isinstance(rec, dict) and rec.get("schema_version") == SCHEMA_VERSION and "amends" in rec:
+                self._apply_amendment(records, rec, number)
+                continue
             if not isinstance(rec, dict) or rec.get("schema_version") != SCHEMA_VERSION or "case_id" not in rec:
                 raise ResultsError(f"{self.results_file}:{number}: not a spark-bench v{SCHEMA_VERSION} result")
+            problem = record_problem(rec)
+            if problem:
+                raise ResultsError(f"{self.results_file}:{number}: {problem}")
             records.append(rec)
         return records
+
+
+    def _apply_amendment(self, records: list[dict[str, Any]], amendment: dict[str, Any], number: int) -> None:
+        target, fields, label = amendment.get("amends"), amendment.get("fields"), amendment.get("label")
+        if not isinstance(target, str) or not isinstance(fields, dict) or not isinstance(label, (str, type(None))):
+            raise ResultsError(f"{self.results_file}:{number}: malformed amendment")
+        for rec in reversed(records):
+            if rec["case_id"] == target:
+                rec.update(fields)
+                if label and label not in rec.setdefault("labels", []):
+                    rec["labels"].append(label)
+                return
 
 
 def load_run(path: Path | str) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -31,7 +31,7 @@ class Runner:
                  n_sets: int = 4, on_phase: ProgressFn | None = None,
                  on_result: Callable[[Case, dict[str, Any]], None] | None = None,
                  decorate: Callable[[dict[str, Any]], None] | None = None,
-                 executor: Executor | None = None, energy: bool | None = None) -> None:
+                 executor: Executor | None = None, energy: bool | None = None, confirm_crashes: bool = True) -> None:
         self.store, self.cfg, self.timeout_s, self.device, self.n_sets = store, cfg, timeout_s, device, n_sets
         self.on_phase = on_phase or (lambda case, phase: None)
         self.on_result = on_result or (lambda case, record: None)
@@ -40,6 +40,7 @@ class Runner:
         if energy is None:  # energy is measured on CUDA unless `--no-energy` (SPARK_BENCH_ENERGY=0)
             energy = device.startswith("cuda") and os.environ.get(ENERGY_ENV, "1") != "0"
         self.energy = energy  # power-safe scheduling: one running case per board while energy is measured
+        self.confirm_crashes = confirm_crashes
 
     def run(self, cases: Sequence[Case]) -> list[dict[str, Any]]:
         """Run every case not yet in the journal; returns the records of this invocation (in finishing order)."""
@@ -50,6 +51,13 @@ class Runner:
             record["executor"] = self.executor.name
             self.decorate(record)
             self.store.append(record)
+            suspect = record.pop("suspect_previous", None)
+            if suspect is not None:  # the worker died just after it: an asynchronous fault is likely its own
+                record["suspect_previous"] = suspect
+                self.store.amend(suspect, suspect=(
+                    f"the worker died during the next case ({case.case_id}), which then passed in a fresh worker: "
+                    "this case may have left an asynchronous fault (e.g. an illegal memory access surfacing at the "
+                    "next sync)"), label="suspect")
             records.append(record)
             self.on_result(case, record)
 
@@ -59,7 +67,8 @@ class Runner:
                 journal(case, failed_record(case, "skipped", case.skip))
         runnable = [c for c in todo if not c.skip]
         if runnable:
-            ctx = RunContext(self.device, self.cfg, self.timeout_s, self.n_sets, self.store.path / "logs", self.energy)
+            ctx = RunContext(self.device, self.cfg, self.timeout_s, self.n_sets, self.store.path / "logs", self.energy,
+                             self.confirm_crashes)
             self.executor.run(runnable, ctx, Sink(phase=self.on_phase, result=journal))
         return records
 

@@ -107,7 +107,7 @@ class Session:
         store.repair_tail()
         return cls(store, spec, cfg, timeout_s, cls._cases(spec))
 
-    def execute(self, report: bool = True, executor: Any = None) -> int:
+    def execute(self, report: bool = True, executor: Any = None, confirm_crashes: bool = True) -> int:
         """Run what is left (on `executor`, default: local worker processes); print the tables; write the report.
         Exit code: 0 all passed, 1 any case failed."""
         from spark_bench.console import SweepProgress
@@ -124,7 +124,7 @@ class Session:
             roofline = self.store.read_run().get("roofline")
             Runner(self.store, self.cfg, timeout_s=self.timeout_s, device=self.spec.device,
                    on_phase=timeline.wrap(progress.phase), on_result=progress.result, executor=executor,
-                   decorate=lambda record: add_roofline(record, roofline)).run(todo)
+                   decorate=lambda record: add_roofline(record, roofline), confirm_crashes=confirm_crashes).run(todo)
         records = self.store.read_results()
         summary = results.summarize_statuses(records)
         run = self.store.read_run()

@@ -70,3 +70,38 @@ def test_a_forking_backend_crash_is_a_crash_and_its_processes_end(tmp_path, host
     while time.time() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.2)
     assert not [p for p in pids if _alive(p)], "processes started by backends outlived the sweep"
+
+
+def test_a_crash_is_charged_to_the_case_that_caused_it(tmp_path, hostile_env):
+    """`poisoner` passes, then the next case of its worker segfaults (an asynchronous fault surfacing at the next
+    sync). Every crash is re-run in a fresh worker before it is recorded: the innocent cases pass, the first error is
+    kept, and the poisoner is marked suspect."""
+    from spark_bench.results import load_run
+
+    out = tmp_path / "run"
+    proc = subprocess.run(spark_bench_cmd("run", "--op", "hostile.asyncfault", "--quick", "--timeout", "120",
+                                          "--out", out, "--no-report"), env=hostile_env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # nothing is charged a crash it did not cause
+    _, records = load_run(out)
+    assert len(records) == 8 and all(r["status"] == "ok" for r in records), [(r["backend"], r["status"])
+                                                                              for r in records]
+    moved = [r for r in records if r.get("crash_not_reproduced")]
+    assert moved, "some case ran right after a poisoner in the same worker"
+    by_id = {r["case_id"]: r for r in records}
+    for rec in moved:
+        assert "SIGSEGV" in rec["crash_not_reproduced"]["error"] and "SIGSEGV" in rec["earlier_errors"][0]
+        suspect = by_id[rec["suspect_previous"]]
+        assert suspect["backend"] == "poisoner" and "suspect" in suspect["labels"], suspect
+        assert "asynchronous fault" in suspect["suspect"]
+    assert not [r for r in records if r["backend"] == "innocent" and "suspect" in r["labels"]]
+
+
+def test_a_reproducible_crash_is_confirmed(tmp_path, fault_env):
+    out = tmp_path / "run"
+    proc = subprocess.run(spark_bench_cmd("run", "--op", "fault.scale", "--backend", "segfault", "--quick",
+                                          "--set", "rows=3", "--out", out, "--no-report"), env=fault_env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (rec,) = _lines(out / "results.jsonl")
+    assert rec["status"] == "crash" and rec["crash_confirmed"] is True and "SIGSEGV" in rec["earlier_errors"][0]

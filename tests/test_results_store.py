@@ -5,6 +5,11 @@ import pytest
 from spark_bench.results import ResultsError, RunStore, load_run
 
 
+def rec(case_id, status):
+    return {"case_id": case_id, "op": "x.y", "backend": "b", "params": {"n": 1}, "dtype": "fp32", "device": "cpu",
+            "status": status}
+
+
 def make_run(tmp_path):
     store = RunStore(tmp_path / "r")
     store.create({"run_id": "r", "spec": {}})
@@ -13,14 +18,14 @@ def make_run(tmp_path):
 
 def test_roundtrip_and_torn_line(tmp_path):
     store = make_run(tmp_path)
-    store.append({"case_id": "a", "status": "ok"})
-    store.append({"case_id": "b", "status": "error"})
+    store.append(rec("a", "ok"))
+    store.append(rec("b", "error"))
     with open(store.results_file, "a") as f:
         f.write('{"schema_version": 1, "case_id": "c", "sta')  # killed mid-write
     run, records = load_run(store.path)
     assert run["run_id"] == "r" and [r["case_id"] for r in records] == ["a", "b"]
     store.repair_tail()
-    store.append({"case_id": "c", "status": "ok"})
+    store.append(rec("c", "ok"))
     assert [r["case_id"] for r in store.read_results()] == ["a", "b", "c"]
 
 
@@ -47,6 +52,6 @@ def test_foreign_run_file(tmp_path):
 
 def test_create_refuses_to_overwrite(tmp_path):
     store = make_run(tmp_path)
-    store.append({"case_id": "a", "status": "ok"})
+    store.append(rec("a", "ok"))
     with pytest.raises(ResultsError, match="--resume"):
         store.create({"run_id": "r"})

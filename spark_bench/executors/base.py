@@ -39,14 +39,16 @@ class RunContext:
     n_sets: int = 4
     log_dir: Path | None = None
     energy: bool = False  # power-safe scheduling: one running case per board
+    confirm_crashes: bool = True  # re-run a crashed case in a fresh worker before recording the crash
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "cfg": self.cfg.to_dict(), "timeout_s": self.timeout_s, "n_sets": self.n_sets,
-                "energy": self.energy}
+                "energy": self.energy, "confirm_crashes": self.confirm_crashes}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], log_dir: Path | None = None) -> RunContext:
-        return cls(d["device"], TimingConfig(**d["cfg"]), d["timeout_s"], d["n_sets"], log_dir, d["energy"])
+        return cls(d["device"], TimingConfig(**d["cfg"]), d["timeout_s"], d["n_sets"], log_dir, d["energy"],
+                   d.get("confirm_crashes", True))
 
 
 @dataclasses.dataclass

@@ -147,11 +147,13 @@ class WorkerSlot:
         self.slot, self.ctx, self.log_dir = slot, ctx, log_dir
         self.worker: Worker | None = None
         self.started = 0.0
+        self.last_case: str | None = None  # the case the current worker process ran last
 
     def _worker(self) -> Worker:
         if self.worker is None or not self.worker.process.is_alive():
             self.log_dir.mkdir(parents=True, exist_ok=True)
             self.worker = Worker(self.slot.device, self.log_dir, dict(self.slot.env), self.slot.label)
+            self.last_case = None
             self.worker.wait_ready()
         return self.worker
 
@@ -167,8 +169,31 @@ class WorkerSlot:
 
     def run_case(self, case: Case, on_phase: PhaseFn = lambda case, phase: None) -> dict[str, Any]:
         worker = self._worker()
+        previous = self.last_case
         self.started = time.monotonic()  # after the worker is up: the timeline shows case time, not startup
-        return stamp(self._run_case(worker, case, on_phase), self.slot)
+        record = self._run_case(worker, case, on_phase)
+        if record["status"] == "crash" and self.ctx.confirm_crashes:
+            record = self._confirm(case, record, previous, on_phase)
+        self.last_case = case.case_id if self.worker is not None else None
+        return stamp(record, self.slot)
+
+    def _confirm(self, case: Case, first: dict[str, Any], previous: str | None, on_phase: PhaseFn) -> dict[str, Any]:
+        """A crash is charged to a case only when it happens again in a fresh worker: an asynchronous fault (a CUDA
+        illegal memory access surfaces at the next sync) kills the worker during whatever case runs next. When the
+        re-run does not crash, its record stands, keeping the first error, and the case the dead worker ran before is
+        named suspect (the runner marks it in the journal)."""
+        on_phase(case, "confirm-crash")
+        again = self._run_case(self._worker(), case, on_phase)
+        first_error = {"status": first["status"], "error": first["error"], "phase": first.get("phase"),
+                       "worker_log_tail": first.get("worker_log_tail")}
+        again["earlier_errors"] = [*again.get("earlier_errors", []), first["error"]]
+        if again["status"] == "crash":
+            again["crash_confirmed"] = True  # it crashed again in a fresh worker: this case's own crash
+            return again
+        again["crash_not_reproduced"] = first_error
+        if previous is not None:
+            again["suspect_previous"] = previous
+        return again
 
     def _run_case(self, worker: Worker, case: Case, on_phase: PhaseFn) -> dict[str, Any]:
         message = ("case", case.to_dict(), self.ctx.cfg.to_dict(), self.ctx.n_sets)
