@@ -15,6 +15,7 @@ from spark_bench.console import console, failures_table, results_table, summary_
 from spark_bench.devices import check_device, default_device
 from spark_bench.history.cli import history
 from spark_bench.kernelgate.cli import kernels
+from spark_bench.options import check_run_options, refuse_sweep_options_with_resume
 from spark_bench.report.cli import compare, report
 from spark_bench.sweep import SweepSpec, UsageError, parse_set
 from spark_bench.telemetry.cli import calibrate, profile
@@ -62,7 +63,7 @@ def list_cmd(as_json: bool, device: str | None) -> None:
     """Ops, their axes and backends, and why a backend is unavailable."""
     from spark_bench.registry import registry
 
-    device = device or default_device()
+    device = check_device(device or default_device())
     triton_env.configure(device)
     reg = registry()
     data = {
@@ -152,7 +153,10 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
     from spark_bench.executors import make_executor
 
     session = None
+    check_run_options(timeout=timeout, max_time=max_time, min_samples=min_samples, target_ci=target_ci, quick=quick,
+                      full=full)
     if resume is not None:
+        refuse_sweep_options_with_resume(click.get_current_context(), resume)
         session = Session.resume(resume)
         spec = session.spec
     else:

@@ -63,9 +63,13 @@ class Axis:
             raise ValueError(f"axis {self.name!r} takes true/false, not {text!r}")
         if isinstance(sample, int):
             try:
-                return int(text)
+                value = int(text)
             except ValueError:
                 raise ValueError(f"axis {self.name!r} takes integers, not {text!r}") from None
+            declared = [v for v in [*self.values, *(self.quick or [])] if isinstance(v, int)]
+            if value < 1 and declared and min(declared) >= 1:  # a size: 0 makes an empty case, -1 an error
+                raise ValueError(f"axis {self.name!r} takes positive integers, not {text!r}")
+            return value
         if isinstance(sample, float):
             try:
                 return float(text)

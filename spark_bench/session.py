@@ -100,10 +100,14 @@ class Session:
         store.read_run()  # a directory that is not a run is refused before it is locked (no .lock left in it)
         store.lock()  # held until this process ends: a resume while the run is still going is refused
         run = store.read_run()  # again, under the lock: what the previous owner left
-        raw = dict(run["spec"])
-        cfg = TimingConfig(**raw.pop("timing"))
-        timeout_s = float(raw.pop("timeout_s"))
-        spec = SweepSpec.from_dict(raw)
+        raw = dict(run.get("spec") or {})
+        try:
+            cfg = TimingConfig(**raw.pop("timing"))
+            timeout_s = float(raw.pop("timeout_s"))
+            spec = SweepSpec.from_dict(raw)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise results.ResultsError(f"{store.run_file}: no usable sweep spec ({type(exc).__name__}: {exc}); "
+                                       "this run cannot be resumed") from None
         store.repair_tail()
         return cls(store, spec, cfg, timeout_s, cls._cases(spec))
 

@@ -92,7 +92,7 @@ def _select_ops(reg: Registry, spec: SweepSpec) -> list[Op]:
 
 def _dtypes(op: Op, spec: SweepSpec) -> list[str]:
     if spec.dtypes:
-        return [d for d in spec.dtypes if d in op.tolerance]
+        return [d for d in spec.dtypes if d in op.dtypes]
     return op.sweep_dtypes(quick=spec.quick, preset=spec.preset)
 
 
@@ -132,8 +132,10 @@ def validate(reg: Registry, spec: SweepSpec) -> list[Op]:
     for name in spec.backends:
         if name not in all_backends:
             raise UsageError(f"unknown backend {name!r}; the selected ops have: {', '.join(all_backends)}")
-    if spec.dtypes and not any(set(spec.dtypes) & set(op.tolerance) for op in ops):
-        raise UsageError(f"no selected op supports dtype {', '.join(spec.dtypes)}; choose from {', '.join(DTYPES)}")
+    if spec.dtypes and not any(set(spec.dtypes) & set(op.dtypes) for op in ops):
+        have = sorted({d for op in ops for d in op.dtypes}, key=DTYPES.index)
+        raise UsageError(f"no selected op supports dtype {', '.join(spec.dtypes)}; the selected ops have: "
+                         f"{', '.join(have)}")
     for op in ops:
         _typed_overrides(op, spec.overrides)
     return ops

@@ -81,3 +81,102 @@ def test_an_empty_output_is_not_a_perfect_match():
 
     m = tensor_metrics(torch.empty(0, 4), torch.empty(0, 4, dtype=torch.float64))
     assert "empty" in m["error"]
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from spark_bench.cli import main
+
+    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _assert_one_line(code, out, err, needle):
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("spark-bench"), (code, out, err)
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in out + err
+
+
+GATE = ["run", "--op", "kda.gate", "--no-report"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    ([*GATE, "--timeout", "nan"], "--timeout must be a finite number of seconds above 0"),
+    ([*GATE, "--timeout", "inf"], "--timeout must be a finite number"),
+    ([*GATE, "--timeout", "0"], "--timeout must be"),
+    ([*GATE, "--timeout", "-1"], "--timeout must be"),
+    ([*GATE, "--max-time", "-1"], "--max-time must be"),
+    ([*GATE, "--min-samples", "-5"], "--min-samples must be 1 or more"),
+    ([*GATE, "--target-ci", "nan"], "--target-ci must be a fraction above 0"),
+    ([*GATE, "--target-ci", "-1"], "--target-ci must be a fraction above 0"),
+    ([*GATE, "--set", "heads=0"], "axis 'heads' takes positive integers, not '0'"),
+    ([*GATE, "--set", "heads=-1"], "axis 'heads' takes positive integers"),
+    ([*GATE, "--set", "tokens=-1"], "axis 'tokens' takes positive integers"),
+    ([*GATE, "--devices", "garbage"], "'garbage' is not a CPU worker label"),
+    ([*GATE, "--quick", "--full"], "--quick and --full contradict each other"),
+    ([*GATE, "--dtype", "fp16"], "no selected op supports dtype fp16; the selected ops have: bf16, fp32"),
+    (["run", "--resume", "/nonexistent/run", "--op", "kda.gate", "--set", "heads=4"],
+     "runs the sweep stored in its run.json; drop --op, --set"),
+    (["run", "--resume", "/nonexistent/run", "--quick"], "drop --quick"),
+    (["list", "--device", "garbage"], "unknown device 'garbage'"),
+])
+def test_bad_run_options_are_one_line(args, needle):
+    _assert_one_line(*_cli(*args), needle)
+
+
+def test_out_pointing_at_a_file_is_one_line_from_run(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("x")
+    _assert_one_line(*_cli(*GATE, "--set", "tokens=5", "--set", "heads=2", "--out", path), "is a file")
+
+
+def test_report_with_an_unknown_baseline_is_one_line(tmp_path):
+    from report_fixtures import standard_run
+
+    run = standard_run(tmp_path / "a")
+    _assert_one_line(*_cli("report", run, "-o", tmp_path / "r.html", "--baseline", "nosuch"),
+                     "unknown --baseline 'nosuch'; the runs have: ")
+
+
+def _record(**kw):
+    return {"schema_version": 1, "case_id": "x.y|b|{}|fp32|cpu", "op": "x.y", "backend": "b", "params": {},
+            "dtype": "fp32", "device": "cpu", "status": "ok", **kw}
+
+
+def _run_dir(tmp_path, run=None, lines=None, raw_run=None, raw_results=None):
+    import json
+
+    path = tmp_path / "run"
+    path.mkdir()
+    run = {"schema": "spark-bench/run", "schema_version": 1, "run_id": "r", "spec": None} if run is None else run
+    (path / "run.json").write_bytes(raw_run if raw_run is not None else json.dumps(run).encode())
+    body = raw_results if raw_results is not None else "".join(json.dumps(x) + "\n" for x in lines or []).encode()
+    (path / "results.jsonl").write_bytes(body)
+    return path
+
+
+@pytest.mark.parametrize("kind, needle", [
+    ("run-bytes", "run.json: not UTF-8 text"),
+    ("results-bytes", "results.jsonl: not UTF-8 text"),
+    ("missing-key", "results.jsonl:1: missing required field 'backend'"),
+    ("params-string", "results.jsonl:1: field 'params' must be an object, not a string"),
+    ("markup-status", "results.jsonl:1: unknown status '[/]weird[bold'"),
+    ("timing-string", "field 'timing' must be an object or null, not a string"),
+    ("run-spec-list", "run.json: field 'spec' must be an object or null, not a list"),
+])
+def test_malformed_files_are_one_line_in_show(tmp_path, kind, needle):
+    lines = {"missing-key": [{k: v for k, v in _record().items() if k != "backend"}],
+             "params-string": [_record(params="oops")], "markup-status": [_record(status="[/]weird[bold")],
+             "timing-string": [_record(timing="fast")]}.get(kind, [_record()])
+    path = _run_dir(tmp_path, lines=lines, raw_run=b'{"schema": "\xff\xfe"}' if kind == "run-bytes" else None,
+                    raw_results=b'{"case_id": "\xff"}\n' if kind == "results-bytes" else None,
+                    run={"schema": "spark-bench/run", "schema_version": 1, "run_id": "r", "spec": []}
+                    if kind == "run-spec-list" else None)
+    _assert_one_line(*_cli("show", path), needle)
+
+
+def test_resume_of_a_run_without_a_spec_is_one_line(tmp_path):
+    path = _run_dir(tmp_path, lines=[_record()])
+    _assert_one_line(*_cli("run", "--resume", path), "no usable sweep spec")

@@ -7,6 +7,8 @@ See docs/scale.md.
 
 from __future__ import annotations
 
+import re
+
 from spark_bench.executors.base import CaseQueue, Executor, RunContext, Sink, Slot, failed_record, parse_devices
 from spark_bench.sweep import UsageError
 
@@ -38,6 +40,11 @@ def make_executor(kind: str = "local", *, device: str = "cpu", devices: str | No
         return RayExecutor(address=ray_address, retries=retries, max_actors=count)
     from spark_bench.executors.local import LocalExecutor
 
+    if devices is not None and device == "cpu":  # CPU workers are labelled cpu0, cpu1, ...: refuse a typo
+        for item in devices.split(","):
+            label = item.strip().partition("@")[0]
+            if label and label != "all" and not re.fullmatch(r"cpu\d+", label):
+                raise UsageError(f"--devices: {label!r} is not a CPU worker label; on CPU use cpu0,cpu1,... or all")
     return LocalExecutor(parse_devices(devices, device) if devices is not None else None, retries=retries)
 
 

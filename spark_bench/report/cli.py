@@ -33,6 +33,14 @@ def _fail(command: str, message: str) -> None:
 def report(run_dirs: tuple[Path, ...], output: Path, baseline: str) -> None:
     """Write one self-contained, offline HTML report of RUN_DIR... (two or more runs are compared to the first)."""
     try:
+        from click.core import ParameterSource
+
+        from spark_bench.results import load_run
+
+        if click.get_current_context().get_parameter_source("baseline") == ParameterSource.COMMANDLINE:
+            have = sorted({r["backend"] for d in run_dirs for r in load_run(d)[1]})
+            if baseline not in have:
+                _fail("report", f"unknown --baseline {baseline!r}; the runs have: {', '.join(have) or '(none)'}")
         path = write_report(run_dirs, output, baseline=baseline)
     except (ResultsError, OSError) as exc:
         _fail("report", str(exc))

@@ -1,0 +1,49 @@
+"""Checks of `spark-bench run` options that click's types cannot express; each failure is one UsageError line."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from spark_bench.sweep import UsageError
+
+# `run` options that define the sweep or how it is measured: fixed in run.json, so `--resume` refuses them
+RESUME_FIXED = ("ops", "backends", "preset", "sets", "dtypes", "device", "quick", "full", "out", "seed", "timeout",
+                "max_time", "min_samples", "target_ci", "no_flush", "timer")
+
+
+def positive(option: str, value: float | None, *, integer: bool = False) -> None:
+    """None (not given), or a finite number above zero."""
+    if value is None:
+        return
+    if integer:
+        if value < 1:
+            raise UsageError(f"{option} must be 1 or more, not {value}")
+        return
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"{option} must be a finite number of seconds above 0, not {value}"
+                         if option != "--target-ci" else f"{option} must be a fraction above 0, e.g. 0.02, not {value}")
+
+
+def check_run_options(*, timeout: float | None, max_time: float | None, min_samples: int | None,
+                      target_ci: float | None, quick: bool, full: bool) -> None:
+    if quick and full:
+        raise UsageError("--quick and --full contradict each other; pass one")
+    positive("--timeout", timeout)
+    positive("--max-time", max_time)
+    positive("--min-samples", min_samples, integer=True)
+    positive("--target-ci", target_ci)
+    if target_ci is not None and target_ci >= 1:
+        raise UsageError(f"--target-ci is a fraction of the median below 1 (0.02 = 2%), not {target_ci}")
+
+
+def refuse_sweep_options_with_resume(ctx: Any, resume: Any) -> None:
+    """`--resume DIR` runs the sweep stored in DIR: sweep options beside it would be silently ignored."""
+    from click.core import ParameterSource
+
+    given = [p.opts[0] for p in ctx.command.params
+             if p.name in RESUME_FIXED and ctx.get_parameter_source(p.name) in (ParameterSource.COMMANDLINE,
+                                                                                ParameterSource.ENVIRONMENT)]
+    if given:
+        raise UsageError(f"--resume {resume} runs the sweep stored in its run.json; drop {', '.join(given)} "
+                         "(or start a new run)")
