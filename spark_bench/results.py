@@ -24,6 +24,17 @@ class ResultsError(Exception):
     """A malformed, foreign or missing results file; the message is one line."""
 
 
+class DiskFullError(ResultsError):
+    """A write ran out of space (or of the file size limit); nothing partial was left behind."""
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def is_no_space(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in NO_SPACE
+
+
 def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -89,10 +100,21 @@ def _read_text(path: Path) -> str:
         raise ResultsError(f"{path}: cannot read ({exc.strerror})") from None
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `path` through a temporary file that is removed if the write fails (a full disk leaves no `.tmp`)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if is_no_space(exc):
+            raise DiskFullError(f"no space left writing {path} ({exc.strerror})") from None
+        raise
+
+
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
 class RunStore:
@@ -183,10 +205,22 @@ class RunStore:
 
     def append(self, record: dict[str, Any]) -> None:
         line = json.dumps({"schema_version": SCHEMA_VERSION, **record}, default=str, allow_nan=True)
-        with open(self.results_file, "a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        data = (line + "\n").encode()
+        fd = os.open(self.results_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError as exc:
+                os.ftruncate(fd, size)  # no partial line: the journal ends on the last whole record
+                if is_no_space(exc):
+                    raise DiskFullError(f"no space left writing {self.results_file} ({exc.strerror})") from None
+                raise
+        finally:
+            os.close(fd)
 
     def amend(self, target: str, *, label: str | None = None, **fields: Any) -> None:
         """Append an amendment of an earlier record (the journal is append-only): `read_results` merges `fields`

@@ -87,7 +87,8 @@ class Session:
         for warning in (check or {}).get("warnings", []):
             console(stderr=True).print(f"warning: {warning}", markup=False)
         store.create({
-            "run_id": run_id, "created": results.now(), "finished": None, "fingerprint": fingerprint(spec.device),
+            "run_id": run_id, "created": results.now(), "finished": None,
+            "fingerprint": fingerprint(spec.device, weights=spec.weights),  # with --weights: the file and layer hash
             "command": list(command), "spec": {**spec.to_dict(), "timing": cfg.to_dict(), "timeout_s": timeout_s},
             # measured once per device fingerprint (cached; `spark-bench calibrate --force` re-measures)
             "roofline": roofline_for(spec.device, measure=True), "preflight": check, "summary": None,
@@ -113,7 +114,20 @@ class Session:
 
     def execute(self, report: bool = True, executor: Any = None, confirm_crashes: bool = True) -> int:
         """Run what is left (on `executor`, default: local worker processes); print the tables; write the report.
-        Exit code: 0 all passed, 1 any case failed."""
+        Exit code: 0 all passed, 1 any case failed. A full disk raises DiskFullError (one line, exit 2) saying what
+        is kept and how to resume."""
+        try:
+            return self._execute(report, executor, confirm_crashes)
+        except results.DiskFullError as exc:
+            try:
+                kept = len(self.store.read_results())
+            except results.ResultsError:
+                kept = "?"
+            raise results.DiskFullError(
+                f"{exc}: {kept} of {len(self.cases)} cases are kept in {self.store.path}; free some space, then run "
+                f"`spark-bench run --resume {self.store.path}`") from None
+
+    def _execute(self, report: bool, executor: Any, confirm_crashes: bool) -> int:
         from spark_bench.console import SweepProgress
         from spark_bench.runner import pending
 

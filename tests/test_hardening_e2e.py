@@ -105,3 +105,29 @@ def test_a_reproducible_crash_is_confirmed(tmp_path, fault_env):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (rec,) = _lines(out / "results.jsonl")
     assert rec["status"] == "crash" and rec["crash_confirmed"] is True and "SIGSEGV" in rec["earlier_errors"][0]
+
+
+def test_a_full_disk_is_one_line_keeps_whole_records_and_resumes(tmp_path, fault_env):
+    """A file size limit (RLIMIT_FSIZE; Python ignores SIGXFSZ) makes writes fail like a full disk (EFBIG)."""
+    import resource
+
+    out = tmp_path / "run"
+    sweep = ["--op", "fault.scale", "--backend", "good", "--quick", "--set", "rows=3,5,7,9,11,13", "--set",
+             "cols=5,6", "--out", out]
+
+    def small_disk():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (24_000, 24_000))
+
+    proc = subprocess.run(spark_bench_cmd("run", *sweep), env=fault_env, capture_output=True, text=True,
+                          timeout=900, preexec_fn=small_disk)
+    line = _one_error_line(proc)
+    assert "no space left writing" in line and "cases are kept in" in line and f"--resume {out}" in line, line
+    journal = (out / "results.jsonl").read_text()
+    assert journal.endswith("\n") and all(json.loads(x) for x in journal.splitlines())  # whole records only
+    kept = len(journal.splitlines())
+    assert 0 < kept < 12 and f"{kept} of 12 cases are kept" in line
+    assert not list(out.rglob("*.tmp")), "partial files are removed"
+    done = subprocess.run(spark_bench_cmd("run", "--resume", out), env=fault_env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(_lines(out / "results.jsonl")) == 12 and (out / "report.html").exists()

@@ -25,7 +25,7 @@ def write_report(run_dirs: Iterable[str | Path], out_path: str | Path, baseline:
         raise ResultsError("no run directory given")
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(render(runs, baseline), encoding="utf-8")
-    tmp.replace(out)
+    from spark_bench.results import write_text_atomic
+
+    write_text_atomic(out, render(runs, baseline))  # a failed write (disk full) leaves no partial file
     return out
