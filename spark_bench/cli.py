@@ -66,12 +66,15 @@ def list_cmd(as_json: bool, device: str | None) -> None:
     device = check_device(device or default_device())
     triton_env.configure(device)
     reg = registry()
+    from spark_bench.isolate import probe_backends  # a plugin's probe that hangs or crashes costs its own backend
+
+    why = probe_backends([(name, b) for name, op in reg.ops.items() for b in op.backends.values()], device)
     data = {
         "device": device,
         "ops": {name: {"axes": {a.name: list(a.values) for a in op.axes}, "dtypes": list(op.dtypes),
                        "presets": sorted(op.presets),
-                       "backends": {b.name: {"available": b.unavailable(device) is None,
-                                             "reason": b.unavailable(device), "labels": b.labels_for(device),
+                       "backends": {b.name: {"available": why[(name, b.name)] is None,
+                                             "reason": why[(name, b.name)], "labels": b.labels_for(device),
                                              "default": b.default}
                                     for b in op.backends.values()}}
                 for name, op in sorted(reg.ops.items())},

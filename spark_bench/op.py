@@ -268,7 +268,10 @@ class Op(_BackendHost):
 
     def invalid_reason(self, params: Params) -> str | None:
         for rule in self.constraints:
-            reason = rule(params)
+            try:
+                reason = rule(params)
+            except Exception as exc:  # a plugin's bug costs its own points, never the sweep (no traceback)
+                return f"constraint failed: {type(exc).__name__}: {exc}"
             if reason:
                 return reason
         return None

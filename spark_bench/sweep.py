@@ -141,15 +141,29 @@ def validate(reg: Registry, spec: SweepSpec) -> list[Op]:
     return ops
 
 
+def _probe(reg: Registry, ops: Sequence[Op], spec: SweepSpec) -> dict[tuple[str, str], str | None]:
+    """Why each selected backend cannot run here; a hanging or crashing plugin probe becomes its reason."""
+    import sys
+
+    from spark_bench.isolate import probe_backends
+
+    registry_module = sys.modules["spark_bench.registry"]  # (spark_bench.registry the name is also a function)
+
+    chosen = [(op.name, b) for op in ops for name, b in op.backends.items()
+              if (name in spec.backends if spec.backends else b.default)]
+    return probe_backends(chosen, spec.device, isolate=reg is registry_module._REGISTRY)
+
+
 def build_cases(reg: Registry, spec: SweepSpec) -> list[Case]:
     """Every case of the sweep, in run order. Unavailable backends become `skip` cases with the reason."""
     ops = validate(reg, spec)
     cases: list[Case] = []
+    probed = _probe(reg, ops, spec)  # third-party probes run isolated, with a timeout (spark_bench/isolate.py)
     for op in ops:
         if spec.preset is not None and spec.preset not in op.presets:
             continue
         backends = [b for name, b in op.backends.items() if (name in spec.backends if spec.backends else b.default)]
-        reasons = {b.name: b.unavailable(spec.device) for b in backends}
+        reasons = {b.name: probed[(op.name, b.name)] for b in backends}
         points = op.points(_typed_overrides(op, spec.overrides), quick=spec.quick, preset=spec.preset)
         for dtype in _dtypes(op, spec):
             for params in points:

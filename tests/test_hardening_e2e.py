@@ -131,3 +131,24 @@ def test_a_full_disk_is_one_line_keeps_whole_records_and_resumes(tmp_path, fault
                           text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(_lines(out / "results.jsonl")) == 12 and (out / "report.html").exists()
+
+
+def test_a_bad_plugin_probe_or_constraint_costs_only_its_own_backend(tmp_path, hostile_env):
+    env = {**hostile_env, "SPARK_BENCH_PROBE_TIMEOUT": "5"}
+    out = tmp_path / "run"
+    proc = subprocess.run(spark_bench_cmd("run", "--op", "hostile.probes", "--quick", "--out", out, "--no-report"),
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stdout) < 100_000  # the chatty probe's 10 MB went nowhere
+    by = {r["backend"]: r for r in _lines(out / "results.jsonl")}
+    assert set(by) == {"probe_hangs", "probe_segfaults", "probe_chatty", "plain"}  # rows=17: its constraint raised
+    assert by["probe_hangs"]["status"] == "skipped" and by["probe_hangs"]["error"] == "probe timed out after 5 s"
+    assert by["probe_segfaults"]["status"] == "skipped" and "SIGSEGV" in by["probe_segfaults"]["error"]
+    assert by["probe_chatty"]["status"] == by["plain"]["status"] == "ok"
+
+    listed = subprocess.run(spark_bench_cmd("list", "--json", "--device", "cpu"), env=env, capture_output=True,
+                            text=True, timeout=900)
+    assert listed.returncode == 0, listed.stderr
+    backends = json.loads(listed.stdout)["ops"]["hostile.probes"]["backends"]
+    assert backends["probe_hangs"]["reason"] == "probe timed out after 5 s"
+    assert "SIGSEGV" in backends["probe_segfaults"]["reason"] and backends["plain"]["available"]

@@ -113,3 +113,47 @@ def empty_out(x):
 @check.backend("fine")
 def fine(x):
     return 2 * x
+
+
+# --- item 4: plugin code the parent needs (probes, constraints) -------------------------------------------------
+def _raising_constraint(p):
+    if p["rows"] == 17:
+        raise ZeroDivisionError("a buggy constraint")
+    return None
+
+
+probes = _op("hostile.probes", constraints=[_raising_constraint])
+
+
+def _probe_hangs(device):
+    time.sleep(3600)
+
+
+def _probe_segfaults(device):
+    ctypes.string_at(0)
+
+
+def _probe_chatty(device):
+    sys.stdout.write("chatter " * (10 << 17))  # 10 MB
+    sys.stdout.flush()
+    return None
+
+
+@probes.backend("probe_hangs", probe=_probe_hangs)
+def probe_hangs(x):
+    return 2 * x
+
+
+@probes.backend("probe_segfaults", probe=_probe_segfaults)
+def probe_segfaults(x):
+    return 2 * x
+
+
+@probes.backend("probe_chatty", probe=_probe_chatty)
+def probe_chatty(x):
+    return 2 * x
+
+
+@probes.backend("plain")
+def plain(x):
+    return 2 * x
