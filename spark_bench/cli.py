@@ -20,6 +20,7 @@ from spark_bench.report.cli import compare, report
 from spark_bench.sweep import SweepSpec, UsageError, parse_set
 from spark_bench.telemetry.cli import calibrate, profile
 from spark_bench.timing import config_for
+from spark_bench.weights.cli import make_spec, weight_options
 
 RESULTS_ROOT = Path("results")
 
@@ -144,9 +145,10 @@ def env_cmd(as_json: bool, device: str | None) -> None:
               help="Add the run to this history database when it ends (see `spark-bench history`).")
 @click.option("--no-confirm-crashes", is_flag=True,
               help="Record a crash at once, without re-running the case in a fresh worker to confirm it is its own.")
+@weight_options
 def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resume, timeout, seed, max_time,
             min_samples, target_ci, no_flush, timer, no_energy, no_report, executor_kind, devices, ray_address,
-            retries, dry_run, history_db, no_confirm_crashes) -> None:
+            retries, dry_run, history_db, no_confirm_crashes, weights, layer, routing) -> None:
     """Sweep ops x backends x shapes x dtypes: check each case against the reference, then time it."""
     from spark_bench.session import Session
     from spark_bench.worker import ENERGY_ENV
@@ -170,7 +172,8 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
             overrides.setdefault(axis, []).extend(values)
         spec = SweepSpec(ops=list(ops), backends=list(backends), preset=preset, overrides=overrides,
                          dtypes=[d for text in dtypes for d in text.split(",") if d], device=device,
-                         quick=quick or (device == "cpu" and not full), seed=seed)
+                         quick=quick or (device == "cpu" and not full), seed=seed,
+                         weights=make_spec(weights, layer, routing))
         cfg = config_for(device, quick, max_time_s=max_time, min_samples=min_samples, target_rel_ci=target_ci,
                          flush=False if no_flush else None, mode=timer)
     executor = make_executor(executor_kind, device=spec.device, devices=devices, ray_address=ray_address,

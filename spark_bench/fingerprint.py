@@ -84,14 +84,21 @@ def git_info() -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
-def fingerprint(device: str) -> dict[str, Any]:
+def fingerprint(device: str, weights: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run's environment; with a weight spec (--weights/--routing) also `weights`: the file(s), their sizes, the
+    layer and a content hash of its tensors (spark_bench.weights.describe), so `compare` can tell runs apart."""
     dev = device_info(device)
     versions = {d: _version(d) for d in PEERS}
     ident = {k: dev.get(k) for k in ("type", "name", "memory_bytes", "sm_count", "capability", "driver", "cuda")}
     ident.update(torch=versions["torch"], triton=versions["triton"])
-    return {
+    out = {
         "device": dev, "cpu": cpu_info(), "host": socket.gethostname(), "os": platform.platform(),
         "python": platform.python_version(), "versions": versions, "git": git_info(),
         "env": {k: os.environ[k] for k in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES") if k in os.environ},
         "fingerprint_id": hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16],
     }
+    if weights:
+        from spark_bench.weights import describe
+
+        out["weights"] = describe(weights)
+    return out

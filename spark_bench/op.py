@@ -9,6 +9,7 @@ See docs/plugins.md for a worked example.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -219,6 +220,7 @@ class Op(_BackendHost):
     redraw: Callable[..., dict[str, Any]] | None = None
     doc: str = ""
     backends: dict[str, Backend] = dataclasses.field(default_factory=dict)
+    from_weights: Any = None  # spark_bench.weights.FromWeights: inputs from a model's weight file (docs/weights.md)
 
     def __post_init__(self) -> None:
         if "." not in self.name:
@@ -234,6 +236,33 @@ class Op(_BackendHost):
             if unknown:
                 raise ValueError(f"{self.name}: preset {preset!r} names unknown axes {sorted(unknown)}")
         self.add_backend(Backend("reference", self.reference, default=False, labels=("fp32-reference",)))
+        if self.from_weights is not None:
+            self._bind_weights()
+
+    def _bind_weights(self) -> None:
+        """While a weight source is active (spark_bench.weights.using), the factory and redraw build the inputs from
+        it; otherwise they are the op's own random ones."""
+        from spark_bench.weights import active
+
+        binding, factory, redraw = self.from_weights, self.make_inputs_fn, self.redraw
+
+        @functools.wraps(factory)
+        def make_inputs_fn(params, *, device, dtype, seed):
+            src = active()
+            if src is None:
+                return factory(params, device=device, dtype=dtype, seed=seed)
+            return binding.make_inputs(params, src, device=device, dtype=dtype, seed=seed, factory=factory)
+
+        self.make_inputs_fn = make_inputs_fn
+        if redraw is not None or binding.redraw is not None:
+            def redraw_fn(params, *, device, dtype, seed):
+                src = active()
+                if src is None or binding.redraw is None:
+                    fn = redraw or factory
+                    return fn(params, device=device, dtype=dtype, seed=seed)
+                return binding.redraw(params, src, device=device, dtype=dtype, seed=seed, factory=factory)
+
+            self.redraw = redraw_fn
 
     # --- public API -------------------------------------------------------------------------------------------
     @property

@@ -33,6 +33,7 @@ class Case:
     device: str
     seed: int
     skip: str | None = None  # why the backend cannot run here: recorded as `skipped`, never run
+    weights: dict[str, Any] | None = None  # the weight/routing source (spark_bench.weights), loaded in the worker
 
     @property
     def case_id(self) -> str:
@@ -61,6 +62,7 @@ class SweepSpec:
     device: str = "cpu"
     quick: bool = False
     seed: int = 0
+    weights: dict[str, Any] | None = None  # --weights/--layer/--routing (spark_bench.weights.make_spec)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -157,6 +159,9 @@ def _probe(reg: Registry, ops: Sequence[Op], spec: SweepSpec) -> dict[tuple[str,
 def build_cases(reg: Registry, spec: SweepSpec) -> list[Case]:
     """Every case of the sweep, in run order. Unavailable backends become `skip` cases with the reason."""
     ops = validate(reg, spec)
+    from spark_bench.weights.plan import bind  # --weights/--routing: the ops a layer feeds and the axes it fixes
+
+    ops, fixed = bind(ops, spec, _typed_overrides)
     cases: list[Case] = []
     probed = _probe(reg, ops, spec)  # third-party probes run isolated, with a timeout (spark_bench/isolate.py)
     for op in ops:
@@ -164,10 +169,11 @@ def build_cases(reg: Registry, spec: SweepSpec) -> list[Case]:
             continue
         backends = [b for name, b in op.backends.items() if (name in spec.backends if spec.backends else b.default)]
         reasons = {b.name: probed[(op.name, b.name)] for b in backends}
-        points = op.points(_typed_overrides(op, spec.overrides), quick=spec.quick, preset=spec.preset)
+        points = op.points({**_typed_overrides(op, spec.overrides), **fixed.get(op.name, {})}, quick=spec.quick,
+                           preset=spec.preset)
         for dtype in _dtypes(op, spec):
             for params in points:
-                group = [Case(op.name, b.name, params, dtype, spec.device, spec.seed, reasons[b.name])
+                group = [Case(op.name, b.name, params, dtype, spec.device, spec.seed, reasons[b.name], spec.weights)
                          for b in backends]
                 random.Random(f"{spec.seed}|{group[0].group if group else ''}").shuffle(group)
                 cases.extend(group)

@@ -86,7 +86,10 @@ class CaseRunner:
             "started": started, "worker_pid": os.getpid(),
         }
         try:
-            self._run(case, cfg, n_sets, record)
+            from spark_bench.weights import using  # --weights: the ops build their inputs from the file's layer
+
+            with using(case.weights):
+                self._run(case, cfg, n_sets, record)
         except BaseException as exc:  # noqa: BLE001 - every failure of a case is recorded, never raised
             if isinstance(exc, KeyboardInterrupt):
                 raise

@@ -12,6 +12,7 @@ import torch
 from spark_bench.plugins.kda import block_common as bc
 from spark_bench.plugins.kda import gate, gated_rmsnorm, short_conv, short_conv_decode
 from spark_bench.plugins.kda import recurrent_decode as rd
+from spark_bench.plugins.kda import weights as kda_weights
 from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
 
 from spark_bench import Axis, Op, Tolerance
@@ -52,9 +53,23 @@ def cost(p, dtype):
     return bc.block_cost(p, dtype, tokens=N, states=N, core_flops=7 * N * d["H"] * d["K"] * d["V"])
 
 
+def from_file(p, w, gen, *, device, dtype):
+    """--weights: the layer's block weights; random tokens, pools of earlier conv inputs and random states."""
+    H, K, V = kda_weights.heads_of(w)
+    N, S = p["batch"], POOL_FACTOR * p["batch"]
+    return {
+        "x": randn((N, w["q_proj"].shape[1]), gen, dtype=dtype, device=device),
+        "conv_state_pool": kda_weights.conv_history(w, S, gen, dtype, device),
+        "state_pool": randn((S, H, K, V), gen, device=device, std=0.5),
+        "slots": torch.randperm(S, generator=gen, device=device)[:N].to(torch.int32),
+        **w,
+    }
+
+
 op = Op(
     name="kda.block_decode",
     doc=__doc__,
+    from_weights=kda_weights.binding(from_file, heads="heads", head_dim="head_dim", hidden="hidden"),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,

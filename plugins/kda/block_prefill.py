@@ -12,6 +12,7 @@ Cost: the projections' 2*T*weights FLOPs plus the chunk core's; bytes = weights 
 
 from spark_bench.plugins.kda import block_common as bc
 from spark_bench.plugins.kda import chunk_prefill, core_common, gate, gated_rmsnorm, short_conv
+from spark_bench.plugins.kda import weights as kda_weights
 from spark_bench.plugins.kda.core_common import GPU_VARLEN
 from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
 
@@ -54,9 +55,24 @@ def cost(p, dtype):
 _batch = Axis("batch", [1, 4], quick=[1])
 _seq_len = Axis("seq_len", [64, 1024, 4096, 8192, 16384], quick=[65])
 
+def from_file(p, w, gen, *, device, dtype):
+    """--weights: the layer's block weights; random tokens, conv states of earlier tokens, random recurrent states."""
+    lengths = bc.seq_lengths(p)
+    H, K, V = kda_weights.heads_of(w)
+    N = len(lengths)
+    return {
+        "x": randn((sum(lengths), w["q_proj"].shape[1]), gen, dtype=dtype, device=device),
+        "cu_seqlens": bc.cu_seqlens(lengths, device),
+        "conv_state": kda_weights.conv_history(w, N, gen, dtype, device),
+        "recurrent_state": randn((N, H, K, V), gen, device=device, std=0.5),
+        **w,
+    }
+
+
 op = Op(
     name="kda.block_prefill",
     doc=__doc__,
+    from_weights=kda_weights.binding(from_file, heads="heads", head_dim="head_dim", hidden="hidden"),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,

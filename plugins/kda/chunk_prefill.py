@@ -17,6 +17,7 @@ which also runs interpreted on CPU), reference (fp32 token loop).
 
 import torch
 from spark_bench.plugins.kda import core_common as cc
+from spark_bench.plugins.kda import weights as kda_weights
 from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
@@ -67,9 +68,24 @@ def reference_chunk_prefill(q, k, v, g, beta, scale=None, initial_state=None, ou
 
 
 _D = ("heads", "head_dim_k", "head_dim_v")
+def from_file(p, w, gen, *, device, dtype):
+    """--weights: q, k, v, gate and beta of random tokens through the layer's projections and short conv."""
+    H, K, V = kda_weights.heads_of(w)
+    lens = cc.seq_lengths(p)
+    lengths = lens or [p["seq_len"]] * p["batch"]
+    inputs = kda_weights.core_inputs(w, lengths, gen, dtype, device, p["fused"])
+    B = 1 if lens else p["batch"]
+    for name in ("q", "k", "v", "g", "beta"):
+        inputs[name] = inputs[name].reshape(B, -1, *inputs[name].shape[1:]).contiguous()
+    h0 = randn((len(lengths), H, K, V), gen, device=device, std=0.5) if p.get("initial_state", True) else None
+    cu = torch.tensor([0, *lens], device=device).cumsum(0).to(torch.int32) if lens else None
+    return {**inputs, "scale": K ** -0.5, "initial_state": h0, "output_final_state": True, "cu_seqlens": cu}
+
+
 op = Op(
     name="kda.chunk_prefill",
     doc=__doc__,
+    from_weights=kda_weights.binding(from_file, heads="heads", head_dim_k="head_dim_k", head_dim_v="head_dim_v"),
     make_inputs_fn=make_inputs,
     reference=reference_chunk_prefill,
     cost=cost,

@@ -42,9 +42,18 @@ def cost(p, dtype):
     return Cost(flops=5 * n, bytes=n * in_bytes + 4 * n + 4 * H * K + 4 * H, tokens=T)
 
 
+def from_file(p, w, gen, *, device, dtype):
+    """--weights: g_raw = (x @ f_a.T) @ f_b.T of random tokens, the layer's A_log and dt_bias."""
+    T = p["tokens"]
+    H, K, _ = weights.heads_of(w)
+    c = weights.tokens(w, T, gen, dtype, device)
+    return {"g": c["g_raw"].view(T, H, K), "A_log": w["a_log"], "dt_bias": w["dt_bias"]}
+
+
 op = Op(
     name="kda.gate",
     doc=__doc__,
+    from_weights=weights.binding(from_file, heads="heads", head_dim="head_dim_k"),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,

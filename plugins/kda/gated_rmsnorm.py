@@ -8,6 +8,7 @@ Cost: ~8 FLOPs per element; bytes = o and z in, y out, weight.
 """
 
 import torch
+from spark_bench.plugins.kda import weights as kda_weights
 from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
@@ -41,9 +42,19 @@ def cost(p, dtype):
     return Cost(flops=8 * n, bytes=elt * (3 * n + V), tokens=T)
 
 
+def from_file(p, w, gen, *, device, dtype):
+    """--weights: z = (x @ g_a.T) @ g_b.T of random tokens, the layer's o_norm; o stays a random core output."""
+    T = p["tokens"]
+    H, _, V = kda_weights.heads_of(w)
+    c = kda_weights.tokens(w, T, gen, dtype, device)
+    return {"o": randn((T, H, V), gen, dtype=dtype, device=device, std=0.3), "z": c["z"].view(T, H, V),
+            "weight": w["o_norm"]}
+
+
 op = Op(
     name="kda.gated_rmsnorm",
     doc=__doc__,
+    from_weights=kda_weights.binding(from_file, heads="heads", head_dim="head_dim_v"),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,

@@ -18,6 +18,7 @@ over the T columns (a 1-D index would make it write tokens t > 0 to the next seq
 
 import torch
 from spark_bench.plugins.kda import core_common as cc
+from spark_bench.plugins.kda import weights as kda_weights
 from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
@@ -50,9 +51,23 @@ def reference_recurrent_decode(q, k, v, g, beta, initial_state, ssm_state_indice
     return o, initial_state
 
 
+def from_file(p, w, gen, *, device, dtype):
+    """--weights: each sequence's tokens through the layer's projections and short conv; a random state pool."""
+    N, T = p["batch"], p["seq_len"]
+    H, K, V = kda_weights.heads_of(w)
+    inputs = kda_weights.core_inputs(w, [T] * N, gen, dtype, device, p["fused"])
+    for name in ("q", "k", "v", "g", "beta"):
+        inputs[name] = inputs[name].reshape(N, T, *inputs[name].shape[1:]).contiguous()
+    slots = p.get("pool_factor", 3) * N
+    pool = randn((slots, H, K, V), gen, device=device, std=0.5)
+    indices = torch.randperm(slots, generator=gen, device=device)[:N].to(torch.int32)
+    return {**inputs, "scale": K ** -0.5, "initial_state": pool, "ssm_state_indices": indices}
+
+
 op = Op(
     name="kda.recurrent_decode",
     doc=__doc__,
+    from_weights=kda_weights.binding(from_file, heads="heads", head_dim_k="head_dim_k", head_dim_v="head_dim_v"),
     make_inputs_fn=make_inputs,
     reference=reference_recurrent_decode,
     cost=cost,

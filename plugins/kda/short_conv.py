@@ -14,6 +14,7 @@ Cost: 2*W FLOPs per element; bytes = x in + y out + weight + state in and out.
 import torch
 import torch.nn.functional as F
 from spark_bench.plugins.kda import block_common
+from spark_bench.plugins.kda import weights as kda_weights
 from spark_bench.plugins.kda.core_common import GPU_VARLEN
 from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
 
@@ -77,9 +78,19 @@ def cost(p, dtype):
 _batch = Axis("batch", [1, 2, 4], quick=[1, 2])
 _seq_len = Axis("seq_len", [64, 1000, 4096, 16384, 32768], quick=[65])
 
+def from_file(p, w, gen, *, device, dtype):
+    """--weights: the q|k|v projections of random tokens, the layer's conv weight, states of earlier tokens."""
+    lengths = block_common.seq_lengths(p)
+    c = kda_weights.tokens(w, sum(lengths), gen, dtype, device)
+    return {"x": c["qkv"], "weight": w["conv"],
+            "conv_state": kda_weights.conv_history(w, len(lengths), gen, dtype, device),
+            "cu_seqlens": block_common.cu_seqlens(lengths, device)}
+
+
 op = Op(
     name="kda.short_conv",
     doc=__doc__,
+    from_weights=kda_weights.binding(from_file, heads="heads", head_dim="head_dim"),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,

@@ -11,6 +11,7 @@ Cost: 2*W FLOPs per element; bytes = x in + y out + the touched slots read and w
 
 import torch
 import torch.nn.functional as F
+from spark_bench.plugins.kda import weights as kda_weights
 from spark_bench.plugins.kda.short_conv import WIDTH, conv_dim, conv_weight
 from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
 
@@ -54,9 +55,19 @@ def cost(p, dtype):
     return Cost(flops=2 * WIDTH * N * D, bytes=elt * (2 * N * D + 2 * N * D * (WIDTH - 1) + D * WIDTH), tokens=N)
 
 
+def from_file(p, w, gen, *, device, dtype):
+    """--weights: the q|k|v projections of random tokens, the layer's conv weight, a pool of earlier tokens."""
+    N = p["batch"]
+    slots = torch.randperm(POOL_FACTOR * N, generator=gen, device=device)[:N]
+    return {"x": kda_weights.tokens(w, N, gen, dtype, device)["qkv"], "weight": w["conv"],
+            "conv_state_pool": kda_weights.conv_history(w, POOL_FACTOR * N, gen, dtype, device),
+            "slots": slots.to(torch.int32)}
+
+
 op = Op(
     name="kda.short_conv_decode",
     doc=__doc__,
+    from_weights=kda_weights.binding(from_file, heads="heads", head_dim="head_dim"),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,

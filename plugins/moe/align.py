@@ -9,7 +9,17 @@ compare= checks these semantics (per-expert slot sets, padding, tile experts), n
 """
 
 import torch
-from spark_bench.plugins.moe.common import ROUTINGS, TOKENS, draw_topk_ids, model_presets, routing_extra_info
+from spark_bench.plugins.moe.common import (
+    REPLAY_ROUTINGS,
+    TOKENS,
+    draw_topk_ids,
+    model_presets,
+    moe_binding,
+    moe_fixed,
+    replay_routing,
+    routing_axis,
+    routing_extra_info,
+)
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
 from spark_bench.compiled import add_torch_compile
@@ -69,9 +79,18 @@ def cost(p, dtype):
     return Cost(flops=0, bytes=4 * N + 4 * (N + E * (bm - 1)) + 4 * E, tokens=p["tokens"])
 
 
+def from_file(p, src, gen, *, device, dtype, seed, factory):
+    """--weights / --routing: ids of the replayed routings (model, file); the others as without a file."""
+    if p["routing"] not in REPLAY_ROUTINGS:
+        return factory(p, device=device, dtype=dtype, seed=seed)
+    ids, _ = replay_routing(p, src, gen, device)
+    return {"topk_ids": ids, "num_experts": p["experts"], "block_m": p["block_m"]}
+
+
 op = Op(
     name="moe.align",
     doc=__doc__,
+    from_weights=moe_binding(from_file, moe_fixed("experts", "topk")),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,
@@ -80,7 +99,7 @@ op = Op(
         Axis("experts", [256, 160], quick=[13]),
         Axis("topk", [8], quick=[3]),
         Axis("block_m", [16, 64], quick=[16], doc="rows per tile of the grouped GEMM (BLOCK_M)"),
-        Axis("routing", list(ROUTINGS), quick=["uniform", "worst"]),
+        routing_axis(quick=["uniform", "worst"]),
     ],
     presets=model_presets(("experts", "topk")),
     dtypes=["bf16"],

@@ -19,10 +19,12 @@ import math
 
 import torch
 
+from spark_bench import Axis
 from spark_bench.dtypes import torch_dtype
 from spark_bench.inputs import generator, randn, uniform
 
 ROUTINGS = ("uniform", "zipf", "worst", "fixed")
+REPLAY_ROUTINGS = ("model", "file")  # with --weights (the layer's router) / --routing FILE (docs/weights.md)
 FORMATS = ("bf16", "q2k_q3k")  # expert weight formats: bf16, or GGUF Q2_K w1|w3 with Q3_K w2
 ZIPF_EXPONENT = 1.2
 FIXED_SEED = 1234567
@@ -72,9 +74,16 @@ def experts_hit_uniform(T: int, E: int, K: int) -> float:
     return E * (1.0 - (1.0 - K / E) ** T)
 
 
-@functools.lru_cache(maxsize=256)
 def experts_hit(routing: str, T: int, E: int, K: int) -> float:
-    """n_e(T) under `routing`: exact for uniform and worst, realised on one CPU draw for zipf and fixed."""
+    """n_e(T) under `routing`: exact for uniform and worst, realised on one CPU draw for zipf and fixed, and for the
+    replayed routings (model, file) on the active weight source."""
+    if routing in REPLAY_ROUTINGS:
+        return replay_experts_hit(routing, T, E, K)
+    return _experts_hit(routing, T, E, K)
+
+
+@functools.lru_cache(maxsize=256)
+def _experts_hit(routing: str, T: int, E: int, K: int) -> float:
     if routing == "uniform":
         return experts_hit_uniform(T, E, K)
     if routing == "worst":
@@ -198,3 +207,135 @@ def model_presets(axes, inter_multiple_of: int = 1) -> dict[str, dict[str, list]
 def routing_extra_info(inputs, p) -> dict:
     """Op.extra_info of ops fed routed ids: the realised per-expert load."""
     return routing_load(inputs["topk_ids"], p["experts"])
+
+
+# --- from a model's weight file, and routing replay (spark_bench.weights, docs/weights.md) ----------------------
+class RoutingAxis(Axis):
+    """The routing axis: its sweep values are ROUTINGS; `--set routing=` also takes the replayed `model` (the weight
+    file's router on the activations) and `file` (the ids of `--routing FILE`)."""
+
+    def parse(self, text: str):
+        return text if text in REPLAY_ROUTINGS else super().parse(text)
+
+
+def routing_axis(quick) -> Axis:
+    return RoutingAxis("routing", list(ROUTINGS), quick=quick,
+                       doc="uniform, zipf, worst, fixed; model (--weights' router) and file (--routing FILE)")
+
+
+def layer_activations(src, T: int, gen: torch.Generator, dtype, device) -> torch.Tensor:
+    """x [T, D] as the layer's MoE sees it: Gaussian rows at unit RMS (the pre-MoE RMSNorm) times the norm weight
+    when the file has it (post_attention_layernorm / ffn_norm)."""
+    router = src.moe_part("router", device)
+    x = randn((T, router["gate_w"].shape[1]), gen, device=device)
+    x = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6)
+    if router["norm"] is not None:
+        x = x * router["norm"]
+    return x.to(torch_dtype(dtype))
+
+
+def router_config(src) -> dict:
+    """groups, topk_groups and routed_scaling_factor the file states (1, 1, 1.0 where it does not)."""
+    cfg = src.moe.config if src.moe is not None else {}
+    return {"groups": cfg.get("groups", 1), "topk_groups": cfg.get("topk_groups", 1),
+            "routed_scaling_factor": cfg.get("routed_scaling_factor", 1.0)}
+
+
+def model_routing(src, x: torch.Tensor, K: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_ids int32, topk_weights f32) of `x` through the layer's router (fp32 logits, its bias, its groups)."""
+    from spark_bench.plugins.moe.router import select_experts
+
+    router = src.moe_part("router", device)
+    cfg = router_config(src)
+    weights, ids = select_experts(x.float() @ router["gate_w"].float().T, router["gate_bias"], K, cfg["groups"],
+                                  cfg["topk_groups"], cfg["routed_scaling_factor"])
+    return ids, weights
+
+
+def replay_routing(p, src, gen: torch.Generator, device, *, dtype="bf16", x=None, seed=None):
+    """(topk_ids, topk_weights) for p["routing"]: model (x, or fresh layer activations, through the router), file
+    (a window of the routing trace; rows from `seed`'s offset for rotated sets), else a draw of draw_routing."""
+    T, E, K = p["tokens"], p["experts"], p["topk"]
+    if p["routing"] == "model":
+        x = x if x is not None else layer_activations(src, T, gen, dtype, device)
+        return model_routing(src, x, K, device)
+    if p["routing"] == "file":
+        from spark_bench.weights.routing import torch_window
+
+        trace = src.routing
+        ids, weights = torch_window(trace, T, trace.offset_for(seed), device)
+        if weights is None:
+            scale = router_config(src)["routed_scaling_factor"] if src.moe is not None else 2.5
+            scores = uniform((T, K), gen, 0.05, 1.0, device=device)
+            weights = scores / scores.sum(dim=1, keepdim=True) * scale
+        return ids.to(torch.int32), weights.float()
+    return draw_routing(p["routing"], T, E, K, gen, device)
+
+
+def replay_experts_hit(routing: str, T: int, E: int, K: int) -> float:
+    """Experts hit by T tokens under the active source's routing (a seed-0 draw for model)."""
+    from spark_bench.weights import active
+
+    src = active()
+    if src is None:
+        return experts_hit_uniform(T, E, K)
+    ids, _ = replay_routing({"tokens": T, "experts": E, "topk": K, "routing": routing}, src, generator("cpu", 0),
+                            "cpu")
+    return float(torch.unique(ids).numel())
+
+
+def moe_fixed(*axes, fmt: str | None = None, inter: str = "inter", need_shared: bool = False):
+    """Op.from_weights.fixed of an MoE op: the file's values of `axes` (those it states), `inter` read from `inter`
+    (shared_inter for the shared expert); fmt: the expert format the op takes."""
+    def fixed(shapes):
+        if fmt is not None and shapes["format"] != fmt:
+            other = "moe.experts_gguf" if shapes["format"] == "q2k_q3k" else "moe.experts"
+            return f"takes {fmt} experts, the layer's are {shapes['format']} (use {other})"
+        if need_shared and shapes["shared_inter"] is None:
+            return "the layer has no shared expert"
+        if need_shared and inter == "inter" and shapes["shared_inter"] != shapes["inter"]:
+            return (f"has one inter axis, but the layer's routed experts are {shapes['inter']} wide and its shared "
+                    f"expert {shapes['shared_inter']}")
+        out = {}
+        for axis in axes:
+            value = shapes.get(inter if axis == "inter" else axis)
+            if value is not None:
+                out[axis] = value
+        return out
+    return fixed
+
+
+def moe_binding(make_inputs, fixed, redraw=None):
+    """A FromWeights of an MoE op: make_inputs(p, src, gen, *, device, dtype, seed, factory) runs for any active
+    source (a routing file alone too)."""
+    from spark_bench.weights import FromWeights
+
+    def from_file(p, src, *, device, dtype, seed, factory):
+        return make_inputs(p, src, generator(device, seed), device=device, dtype=dtype, seed=seed, factory=factory)
+
+    def redraw_fn(p, src, *, device, dtype, seed, factory):
+        return redraw(p, src, generator(device, seed), device=device, dtype=dtype, seed=seed, factory=factory)
+
+    return FromWeights("moe", fixed, from_file, redraw_fn if redraw else None)
+
+
+def experts_from_file(p, src, gen, *, device, dtype, seed, factory, names=("w13", "w2")):
+    """moe.experts / moe.experts_gguf: the layer's routed experts (when the source has a layer), activations as the
+    layer sees them, routing from p["routing"] (model: those activations through the router)."""
+    if not src.has_layer:
+        inputs = factory({**p, "routing": "uniform"}, device=device, dtype=dtype, seed=seed)
+        ids, weights = replay_routing(p, src, gen, device, dtype=dtype)
+        return {**inputs, "topk_ids": ids, "topk_weights": weights}
+    experts = src.moe_part("experts", device)
+    x = layer_activations(src, p["tokens"], gen, dtype, device)
+    ids, weights = replay_routing(p, src, gen, device, dtype=dtype, x=x)
+    return {"x": x, "topk_ids": ids, "topk_weights": weights, names[0]: experts["w13"], names[1]: experts["w2"]}
+
+
+def redraw_from_file(p, src, gen, *, device, dtype, seed, factory):
+    """Op.redraw under a source: another routing of the same kind (model: of fresh activations; file: another
+    window of the trace)."""
+    if p["routing"] not in REPLAY_ROUTINGS:
+        return redraw_routing(p, device=device, dtype=dtype, seed=seed)
+    ids, weights = replay_routing(p, src, gen, device, dtype=dtype, seed=seed)
+    return {"topk_ids": ids, "topk_weights": weights}

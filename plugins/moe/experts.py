@@ -14,14 +14,18 @@ import torch.nn.functional as F
 from spark_bench.plugins.models import KIMI_LINEAR
 from spark_bench.plugins.moe.common import (
     EXPERT_AXES,
-    ROUTINGS,
     TOKENS,
     add_triton_paths,
     draw_routing,
     expert_weights,
+    experts_from_file,
     experts_hit,
     model_presets,
+    moe_binding,
+    moe_fixed,
+    redraw_from_file,
     redraw_routing,
+    routing_axis,
     routing_extra_info,
     silu_mul,
 )
@@ -104,6 +108,7 @@ def cost(p, dtype, bytes_w13=2.0, bytes_w2=2.0):
 op = Op(
     name="moe.experts",
     doc=__doc__,
+    from_weights=moe_binding(experts_from_file, moe_fixed(*EXPERT_AXES, fmt="bf16"), redraw_from_file),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,
@@ -113,7 +118,7 @@ op = Op(
         Axis("experts", [KIMI_LINEAR["experts"]], quick=[11]),
         Axis("topk", [KIMI_LINEAR["topk"]], quick=[3]),
         Axis("inter", [KIMI_LINEAR["inter"]], quick=[72]),
-        Axis("routing", list(ROUTINGS), quick=["uniform", "worst"]),
+        routing_axis(quick=["uniform", "worst"]),
     ],
     presets=model_presets(EXPERT_AXES),
     tolerance={"bf16": TOLERANCE},

@@ -15,20 +15,26 @@ arguments, so moe.shared_expert / moe.layer run a GGUF shared expert as E=1, K=1
 Cost: FLOPs 6*T*K*I*D; bytes n_e(T)*I*D*(2*84 + 110)/256 + 4*T*D, n_e from the routing (moe.md).
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from spark_bench.plugins.models import KIMI_LINEAR
 from spark_bench.plugins.moe.common import (
     EXPERT_AXES,
-    ROUTINGS,
     TOKENS,
     X_STD,
     add_triton_paths,
     draw_routing,
+    experts_from_file,
     experts_hit,
     format_weights,
     model_presets,
+    moe_binding,
+    moe_fixed,
+    redraw_from_file,
     redraw_routing,
+    routing_axis,
     routing_extra_info,
     silu_mul,
 )
@@ -85,6 +91,8 @@ def _valid(p):
 op = Op(
     name="moe.experts_gguf",
     doc=__doc__,
+    from_weights=moe_binding(functools.partial(experts_from_file, names=("w13_q", "w2_q")),
+                             moe_fixed(*EXPERT_AXES, fmt="q2k_q3k"), redraw_from_file),
     make_inputs_fn=make_inputs,
     reference=reference_experts_gguf,
     cost=cost,
@@ -94,7 +102,7 @@ op = Op(
         Axis("experts", [KIMI_LINEAR["experts"]], quick=[8]),
         Axis("topk", [KIMI_LINEAR["topk"]], quick=[2]),
         Axis("inter", [KIMI_LINEAR["inter"]], quick=[256]),
-        Axis("routing", list(ROUTINGS), quick=["uniform"]),
+        routing_axis(quick=["uniform"]),
     ],
     presets=model_presets(EXPERT_AXES, inter_multiple_of=kquants.QK_K),
     constraints=[_valid],

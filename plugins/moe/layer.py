@@ -126,9 +126,27 @@ def extra_info(inputs, p):
     return common.routing_load(ids, p["experts"])
 
 
+def from_file(p, src, gen, *, device, dtype, seed, factory):
+    """--weights: the whole layer from the file (router, routed and shared experts) on activations as it sees them."""
+    if not src.has_layer:
+        return factory(p, device=device, dtype=dtype, seed=seed)
+    r, experts, shared = (src.moe_part(part, device) for part in ("router", "experts", "shared"))
+    shared_ids, shared_weights = shared_expert.single_expert_routing(p["tokens"], device)
+    return {
+        "x": common.layer_activations(src, p["tokens"], gen, dtype, device),
+        "gate_w": r["gate_w"], "gate_bias": r["gate_bias"], "gate_bias_host": host_copy(r["gate_bias"]),
+        "topk": p["topk"], "groups": p["groups"], "topk_groups": p["topk_groups"],
+        "routed_scaling_factor": p["routed_scaling_factor"],
+        "w13": experts["w13"], "w2": experts["w2"], "shared_w13": shared["w13"], "shared_w2": shared["w2"],
+        "shared_ids": shared_ids, "shared_weights": shared_weights, "format": p["format"],
+    }
+
+
 op = Op(
     name="moe.layer",
     doc=__doc__,
+    from_weights=common.moe_binding(from_file, common.moe_fixed(*common.ROUTER_AXES, "inter", "format",
+                                                                need_shared=True)),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,

@@ -13,7 +13,7 @@ ids and weights copied back (a sync each way).
 """
 
 import torch
-from spark_bench.plugins.moe.common import ROUTER_AXES, TOKENS, model_presets, router_weights
+from spark_bench.plugins.moe.common import ROUTER_AXES, TOKENS, model_presets, moe_binding, moe_fixed, router_weights
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
 from spark_bench.compiled import add_torch_compile
@@ -151,9 +151,22 @@ def valid_groups(p):
 
 
 
+def from_file(p, src, gen, *, device, dtype, seed, factory):
+    """--weights: the layer's router (gate_w, its correction bias) on activations as the layer sees them."""
+    if not src.has_layer:
+        return factory(p, device=device, dtype=dtype, seed=seed)
+    from spark_bench.plugins.moe.common import layer_activations
+
+    r = src.moe_part("router", device)
+    return {"x": layer_activations(src, p["tokens"], gen, dtype, device), "gate_w": r["gate_w"],
+            "gate_bias": r["gate_bias"], "gate_bias_host": host_copy(r["gate_bias"]), "topk": p["topk"],
+            "groups": p["groups"], "topk_groups": p["topk_groups"], "routed_scaling_factor": p["routed_scaling_factor"]}
+
+
 op = Op(
     name="moe.router",
     doc=__doc__,
+    from_weights=moe_binding(from_file, moe_fixed(*ROUTER_AXES)),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,

@@ -67,9 +67,21 @@ def cost(p, dtype):
     return Cost(flops=6 * T * I * D, bytes=I * D * (2 * b13 + b2) + 4 * T * D, tokens=T)
 
 
+def from_file(p, src, gen, *, device, dtype, seed, factory):
+    """--weights: the layer's shared expert (bf16 or its Q2_K/Q3_K blocks) on activations as the layer sees them."""
+    if not src.has_layer:
+        return factory(p, device=device, dtype=dtype, seed=seed)
+    shared = src.moe_part("shared", device)
+    ids, weights = single_expert_routing(p["tokens"], device)
+    return {"x": common.layer_activations(src, p["tokens"], gen, dtype, device), "w13": shared["w13"],
+            "w2": shared["w2"], "topk_ids": ids, "topk_weights": weights, "format": p["format"]}
+
+
 op = Op(
     name="moe.shared_expert",
     doc=__doc__,
+    from_weights=common.moe_binding(from_file, common.moe_fixed("hidden", "inter", "format", inter="shared_inter",
+                                                           need_shared=True)),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,

@@ -45,6 +45,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Stop timing when the median's 95%% CI is within this fraction.")
     add("--spark-timer", choices=("auto", "events", "graph"), default="auto", help="CUDA timer (default auto).")
     add("--spark-no-flush", action="store_true", help="Do not flush the cache before each timed call.")
+    add("--spark-weights", default=None, metavar="PATH",
+        help="A model's safetensors/GGUF weights: the KDA and MoE ops take this layer's tensors (docs/weights.md).")
+    add("--spark-layer", type=int, default=None, metavar="N", help="The layer of --spark-weights to benchmark.")
+    add("--spark-routing", default=None, metavar="FILE",
+        help="Expert ids per token to replay (.npy/.jsonl): the routing axis value `file`.")
     add("--spark-fingerprint-mismatch", choices=MISMATCH_POLICIES, default=None,
         help="When --benchmark-compare loads a baseline measured on another device fingerprint: warn (default) or "
              "fail before running anything.")

@@ -56,6 +56,7 @@ def group_name(case: Any) -> str:
 
 def sweep_cases(state: Any) -> list[Any]:
     from spark_bench.sweep import SweepSpec, UsageError, build_cases, parse_set
+    from spark_bench.weights import make_spec
 
     opt = state.config.getoption
     try:
@@ -66,7 +67,8 @@ def sweep_cases(state: Any) -> list[Any]:
         spec = SweepSpec(ops=list(state.ops), backends=_split(opt("spark_backend")), preset=opt("spark_preset"),
                          overrides=overrides, dtypes=_split(opt("spark_dtype")), device=state.device,
                          quick=opt("spark_quick") or (state.device == "cpu" and not opt("spark_full")),
-                         seed=opt("spark_seed"))
+                         seed=opt("spark_seed"),
+                         weights=make_spec(opt("spark_weights"), opt("spark_layer"), opt("spark_routing")))
         cases = build_cases(state.registry(), spec)
     except UsageError as exc:
         raise pytest.UsageError(f"spark-bench: {exc}") from None

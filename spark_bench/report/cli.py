@@ -12,6 +12,7 @@ from spark_bench.report.compare import (
     METRICS,
     CompareError,
     check_same_device,
+    check_same_weights,
     compare_runs,
     parse_threshold,
     print_table,
@@ -55,11 +56,13 @@ def report(run_dirs: tuple[Path, ...], output: Path, baseline: str) -> None:
 @click.option("--metric", type=click.Choice(METRICS), default="median", show_default=True,
               help="Timing statistic the ratio is taken of (the test always uses the raw samples).")
 @click.option("--allow-different-device", is_flag=True, help="Compare runs of different device fingerprints.")
+@click.option("--allow-different-weights", is_flag=True,
+              help="Compare runs measured on different weight files, layers or routing files (--weights).")
 @click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,
               help="Also write the comparison as an HTML report.")
 @click.option("--all", "show_all", is_flag=True, help="List unchanged ('same') cases too.")
 def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_different_device: bool,
-            html_out: Path | None, show_all: bool) -> None:
+            allow_different_weights: bool, html_out: Path | None, show_all: bool) -> None:
     """Compare NEW_RUN against BASE_RUN case by case. Exit 0: nothing regressed; 1: something got slower beyond the
     threshold or stopped passing its check (listed); 2: usage error."""
     from rich.console import Console
@@ -69,6 +72,8 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
         base, new = load_runs([base_run, new_run])
         if not allow_different_device:
             check_same_device(base, new)
+        if not allow_different_weights:
+            check_same_weights(base, new)
         diffs = compare_runs(base, new, thr, metric)
     except (ResultsError, CompareError, OSError) as exc:
         _fail("compare", str(exc))

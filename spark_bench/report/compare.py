@@ -167,6 +167,29 @@ def check_same_device(base: RunData, new: RunData) -> None:
                            f"{new.device_name} [{b}]); pass --allow-different-device to compare anyway")
 
 
+def weights_identity(run: RunData) -> dict[str, Any] | None:
+    """What identifies a run's weights (docs/weights.md): the layer's content hash and the routing file's."""
+    w = run.fingerprint.get("weights")
+    if not w:
+        return None
+    return {"layer_sha256": w.get("sha256"), "layer": w.get("layer"),
+            "routing_sha256": (w.get("routing") or {}).get("sha256")}
+
+
+def check_same_weights(base: RunData, new: RunData) -> None:
+    """Runs on different weight files (or one on a file, one on random weights) are not compared silently."""
+    a, b = weights_identity(base), weights_identity(new)
+    if a != b:
+        def name(run):
+            w = run.fingerprint.get("weights") or {}
+            if not w:
+                return "random weights"
+            what = f"{w.get('path')} layer {w.get('layer')}" if w.get("path") else "random weights"
+            return what + (f" + routing {w['routing'].get('path')}" if w.get("routing") else "")
+        raise CompareError(f"runs were measured on different weights ({name(base)} vs {name(new)}); pass "
+                           "--allow-different-weights to compare anyway")
+
+
 def compare_runs(base: RunData, new: RunData, threshold: float, metric: str = "median") -> list[CaseDiff]:
     if metric not in METRICS:
         raise CompareError(f"metric {metric!r} is not one of {', '.join(METRICS)}")

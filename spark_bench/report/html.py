@@ -91,6 +91,18 @@ def environment(runs: Sequence[RunData]) -> str:
                                for k, n in s.items() if n))
 
     fp = lambda r: r.fingerprint  # noqa: E731
+
+    def weights_text(w):  # --weights / --routing (docs/weights.md)
+        if not w:
+            return "random (seeded factories)"
+        parts = []
+        if w.get("path"):
+            parts.append(f"{w['path']} layer {w.get('layer')} ({w.get('format')}, {w.get('family')}, "
+                         f"{w.get('size_bytes', 0) / 1e6:.1f} MB, layer sha256 {str(w.get('sha256'))[:16]})")
+        if w.get("routing"):
+            parts.append(f"routing {w['routing']['path']} (sha256 {str(w['routing'].get('sha256'))[:16]})")
+        return "; ".join(parts)
+
     rows = [
         row("run", lambda r: f"{r.run.get('run_id', r.path.name)}  ({r.path})"),
         row("when", lambda r: f"{r.run.get('created', '?')} → {r.run.get('finished') or 'unfinished'}"),
@@ -105,6 +117,7 @@ def environment(runs: Sequence[RunData]) -> str:
                                         "</span>")),
         row("sweep", sweep),
         row("fingerprint", lambda r: fp(r).get("fingerprint_id") or "?"),
+        row("weights", lambda r: weights_text(fp(r).get("weights"))),
         row("cases", summary),
     ]
     if len(runs) == 1:  # one run: key/value pairs flow in columns across the page

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import click
 
+from spark_bench.weights.cli import make_spec, weight_options
+from spark_bench.weights.formats import WeightError
+
 
 def _fail(message: str) -> None:
     click.echo(f"spark-bench: error: {message}", err=True)
@@ -79,8 +82,10 @@ def calibrate(device: str | None, as_json: bool, cache: Path | None, force: bool
               help="Output directory (default results/profile/<op>-<backend>-<time>).")
 @click.option("--iters", default=10, show_default=True, type=click.IntRange(1, 10_000), help="Profiled calls.")
 @click.option("--ncu", is_flag=True, help="Also collect Nsight Compute metrics (needs ncu on PATH and a GPU).")
+@weight_options
 def profile(op_name: str, backend: str, sets: tuple[str, ...], dtype: str | None, device: str | None,
-            out: Path | None, iters: int, ncu: bool) -> None:
+            out: Path | None, iters: int, ncu: bool, weights: Path | None, layer: int | None,
+            routing: Path | None) -> None:
     """Profile one case with torch.profiler: trace.json (Chrome/Perfetto) and a per-kernel time breakdown."""
     from spark_bench.telemetry.profile import ProfileError, format_rows, profile_case, resolve_case, run_ncu
 
@@ -93,11 +98,13 @@ def profile(op_name: str, backend: str, sets: tuple[str, ...], dtype: str | None
                 raise ProfileError("ncu (Nsight Compute) is not on PATH; install it or drop --ncu")
             if not device.startswith("cuda"):
                 raise ProfileError("--ncu needs a CUDA device (--device cuda)")
-        resolve_case(op_name, backend, sets, dtype, device)  # validate before anything runs
+        spec = make_spec(weights, layer, routing)
+        resolve_case(op_name, backend, sets, dtype, device, weights=spec)  # validate before anything runs
         out = out or Path("results/profile") / f"{op_name}-{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
-        summary = profile_case(op_name, backend, sets=sets, dtype=dtype, device=device, out_dir=out, iters=iters)
+        summary = profile_case(op_name, backend, sets=sets, dtype=dtype, device=device, out_dir=out, iters=iters,
+                               weights=spec)
         ncu_summary = run_ncu(op_name, backend, sets=sets, dtype=dtype, device=device, out_dir=out) if ncu else None
-    except ProfileError as exc:
+    except (ProfileError, WeightError) as exc:
         _fail(str(exc))
     params = " ".join(f"{k}={v}" for k, v in summary["params"].items())
     click.echo(f"{summary['op']} / {summary['backend']}  {params}  {summary['dtype']}  {device}  "

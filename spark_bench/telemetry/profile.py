@@ -35,8 +35,9 @@ class ProfileError(Exception):
 
 
 def resolve_case(op_name: str, backend_name: str, sets: Sequence[str] = (), dtype: str | None = None,
-                 device: str = "cpu") -> tuple[Any, Any, dict[str, Any], str]:
-    """(op, backend, params, dtype) of a request, or ProfileError naming the valid choices."""
+                 device: str = "cpu", weights: dict[str, Any] | None = None) -> tuple[Any, Any, dict[str, Any], str]:
+    """(op, backend, params, dtype) of a request, or ProfileError naming the valid choices. With a weight spec
+    (spark_bench.weights.make_spec) the axes the file fixes come from it."""
     from spark_bench import triton_env
     from spark_bench.dtypes import canonical_dtype
 
@@ -64,6 +65,14 @@ def resolve_case(op_name: str, backend_name: str, sets: Sequence[str] = (), dtyp
         try:
             params[axis_name] = op.axis(axis_name).parse(text)
         except ValueError as exc:
+            raise ProfileError(str(exc)) from None
+    if weights:
+        from spark_bench.weights import WeightError
+        from spark_bench.weights.plan import fixed_point
+
+        try:
+            params.update(fixed_point(op, weights, {k: str(v) for k, v in params.items()}))
+        except WeightError as exc:
             raise ProfileError(str(exc)) from None
     params = {**op.default_params(), **params}
     why = op.invalid_reason(params)
@@ -156,17 +165,22 @@ def format_rows(rows: list[dict[str, Any]], limit: int = 25) -> str:
 
 def profile_case(op_name: str, backend_name: str, *, sets: Sequence[str] = (), dtype: str | None = None,
                  device: str = "cpu", out_dir: str | Path = "results/profile", iters: int = 10, warmup: int = 3,
-                 seed: int = 0) -> dict[str, Any]:
-    """Profile one case; writes trace.json, kernels.json, kernels.txt under out_dir and returns the summary."""
-    op, backend, params, dtype = resolve_case(op_name, backend_name, sets, dtype, device)
-    call = build_call(op, backend, params, dtype, device, seed)
-    prof = record(call, device, iters, warmup)
+                 seed: int = 0, weights: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Profile one case; writes trace.json, kernels.json, kernels.txt under out_dir and returns the summary.
+    weights: a weight spec (--weights/--layer/--routing): the inputs come from that layer (docs/weights.md)."""
+    from spark_bench.weights import using
+
+    op, backend, params, dtype = resolve_case(op_name, backend_name, sets, dtype, device, weights=weights)
+    with using(weights):
+        call = build_call(op, backend, params, dtype, device, seed)
+        prof = record(call, device, iters, warmup)
     rows = kernel_rows(prof, device, iters)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(out / "trace.json"))
     summary = {
         "op": op.name, "backend": backend.name, "params": params, "dtype": dtype, "device": device, "iters": iters,
+        "weights": weights,
         "what": "cuda kernels (device time)" if device.startswith("cuda") else "aten ops (self CPU time)",
         "kernel_us_per_call": sum(r["total_us"] for r in rows) / iters, "kernels": rows,
         "files": {"trace": str(out / "trace.json"), "kernels": str(out / "kernels.json"),

@@ -1,0 +1,23 @@
+"""The command-line options of a weight source, shared by `run`, `profile` and (as --spark-*) the pytest plugin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from spark_bench.weights import make_spec
+
+__all__ = ["make_spec", "weight_options"]
+
+
+def weight_options(fn):
+    """--weights PATH, --layer N, --routing FILE (docs/weights.md)."""
+    fn = click.option("--routing", "routing", type=click.Path(path_type=Path), default=None, metavar="FILE",
+                      help="Expert ids per token to replay (.npy [T, K] or .jsonl): routing axis value `file`.")(fn)
+    fn = click.option("--layer", type=int, default=None, metavar="N",
+                      help="The layer of --weights to benchmark (needed when the file holds several).")(fn)
+    fn = click.option("--weights", "weights", type=click.Path(path_type=Path), default=None, metavar="PATH",
+                      help="A model's safetensors (file, index or directory) or GGUF file: the KDA and MoE ops take "
+                           "this layer's weights and shapes (docs/weights.md).")(fn)
+    return fn
