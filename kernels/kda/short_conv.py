@@ -141,10 +141,12 @@ def _short_conv_decode(x, pool, slots, weight, y, D, W: tl.constexpr, BD: tl.con
     acc = tl.sum(cols.to(tl.float32) * w_cols, 1) + xv.to(tl.float32) * w_cur
     out = round_bf16(acc * tl.sigmoid(acc), ROUND)
     tl.store(y + i_n.to(tl.int64) * D + o_d, out.to(y.dtype.element_ty), mask=m_d)
-    # shift the window left by one and append the current token
-    shifted = tl.load(p_state + 1, mask=m_d[:, None] & (o_c < W - 2)[None, :], other=0.0)
-    new = tl.where((o_c == W - 2)[None, :], xv.to(pool.dtype.element_ty)[:, None], shifted)
-    tl.store(p_state, new, mask=m_s)
+    # shift the window left by one in registers and append the current token: new[:, c] = cols[:, c + 1]. Never
+    # re-load what this kernel stores: lanes holding one 6-byte state row would race on the GPU.
+    take = (o_c[:, None] + 1) == o_c[None, :]  # [c, j]: column j moves to c
+    shifted = tl.sum(tl.where(take[None, :, :], cols.to(tl.float32)[:, None, :], 0.0), axis=2)
+    new = tl.where((o_c == W - 2)[None, :], xv.to(tl.float32)[:, None], shifted)
+    tl.store(p_state, new.to(pool.dtype.element_ty), mask=m_s)
 
 
 def short_conv_decode(x: torch.Tensor, weight: torch.Tensor, conv_state_pool: torch.Tensor,

@@ -31,7 +31,7 @@ def table(rows: list[dict]) -> Table:
                          ("warps", "right"), ("stages", "right"), ("regs", "right"), ("spill B", "right"),
                          ("smem KB", "right"), ("CTA/SM", "right"), ("tensor core", "left"), ("grid CTAs", "right"),
                          ("compile s", "right"), ("verdict", "left")]:
-        t.add_column(col, justify=justify, overflow="fold")
+        t.add_column(col, justify=justify, overflow="fold", no_wrap=col in ("kernel", "verdict", "tensor core"))
     for r in sorted(rows, key=lambda r: (r["module"], r["kernel"], r["target"], r["dtypes"], str(r["constexprs"]))):
         spill = None if r["spill_stores"] is None else r["spill_stores"] + r["spill_loads"]
         ctas = r["grid_ctas"]
@@ -107,18 +107,12 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
     else:
         have = sorted({p for op in matched for p in op.presets})
         raise UsageError(f"unknown preset {preset!r}; the selected ops have: {', '.join(have) or '(none)'}")
+    from spark_bench.sweep import SweepSpec, validate
+
+    for p in presets:  # unknown axes, values and dtypes: one line here, not a traceback from the capture process
+        validate(reg, SweepSpec(ops=list(ops), preset=p, overrides=dict(overrides), dtypes=list(dtypes)))
     err = click.get_text_stream("stderr")
     started = time.monotonic()
-    err.write(f"capturing launches: {len(matched)} ops, {len(presets)} sweeps ...\n")
-    try:
-        captured = gate.capture_sweeps(list(ops), list(backends) or list(DEFAULT_BACKENDS), presets, overrides,
-                                       list(dtypes), quick, targets[0].name)
-    except RuntimeError as exc:
-        raise UsageError(str(exc)) from None
-    chosen = gate.select(captured.specs, selection)
-    err.write(f"{captured.cases} cases launch {len(captured.specs)} specialisations of "
-              f"{len({s.kernel for s in captured.specs})} kernels; compiling {len(chosen)} ({selection}) for "
-              f"{', '.join(t.name for t in targets)} ...\n")
     tty = err.isatty()
 
     def progress(done: int, total: int, result) -> None:
@@ -127,30 +121,45 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
             err.write("\r" + text if tty else text + "\n")
             err.flush()
 
-    results = compile_all(chosen, [t.name for t in targets], jobs=jobs,
-                          cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
-                          triton_cache=triton_cache, progress=progress)
-    if tty:
-        err.write("\n")
+    chosen, results, errors, cases, sweeps = [], [], [], 0, []
+    for target in targets:  # each target captured on its own: grids and split factors follow its SM count
+        err.write(f"{target.name}: capturing launches: {len(matched)} ops, {len(presets)} sweeps ...\n")
+        try:
+            captured = gate.capture_sweeps(list(ops), list(backends) or list(DEFAULT_BACKENDS), presets, overrides,
+                                           list(dtypes), quick, target.name)
+        except RuntimeError as exc:
+            raise UsageError(str(exc)) from None
+        mine = gate.select(captured.specs, selection)
+        err.write(f"{target.name}: {captured.cases} cases launch {len(captured.specs)} specialisations of "
+                  f"{len({s.kernel for s in captured.specs})} kernels; compiling {len(mine)} ({selection}) ...\n")
+        results += compile_all(mine, [target.name], jobs=jobs,
+                               cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
+                               triton_cache=triton_cache, progress=progress)
+        if tty:
+            err.write("\n")
+        chosen += mine
+        errors += [{**e, "target": target.name} for e in captured.errors]
+        cases += captured.cases
+        sweeps = captured.sweeps
     import triton
 
     rows = gate.rows(chosen, results)
     line = summary(rows, [t.name for t in targets], triton.__version__)
     if as_json:
-        click.echo(json.dumps({"triton": triton.__version__, "selection": selection, "sweeps": captured.sweeps,
-                               "cases": captured.cases, "capture_errors": captured.errors, "rows": rows,
+        click.echo(json.dumps({"triton": triton.__version__, "selection": selection, "sweeps": sweeps,
+                               "cases": cases, "capture_errors": errors, "rows": rows,
                                "summary": line}, indent=1, default=str))
     else:
         from spark_bench.console import console
 
         out = console()
         out.print(table(rows))
-        for e in captured.errors[:20]:
+        for e in errors[:20]:
             out.print(f"[yellow]capture failed[/] {escape(e['op'])} {escape(e['backend'])} {e['dtype']} "
                       f"{escape(json.dumps(e['params']))}: {escape(e['message'])}")
         out.print(line)
     if markdown_path is not None:
         markdown_path.write_text(gate.markdown(rows, f"<!-- {line} -->"))
     failed = gate.failures(results)
-    if failed or captured.errors:
+    if failed or errors:
         sys.exit(1)
