@@ -189,7 +189,7 @@ class GGUFReader(Reader):
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         try:
-            import gguf
+            import gguf  # noqa: F401 - present, or a clear error now
         except ImportError:
             raise WeightError("reading GGUF files needs the `gguf` package: pip install 'spark-bench[peers]'") from None
         with open(path, "rb") as f:
@@ -198,7 +198,7 @@ class GGUFReader(Reader):
             raise WeightError(f"{path}: not a GGUF file (starts with {magic!r}, not {GGUF_MAGIC!r})")
         size = path.stat().st_size
         try:
-            self._reader = gguf.GGUFReader(str(path), "r")
+            self._reader = _TruncationTolerantReader(str(path), "r")
         except (ValueError, IndexError, OSError, TypeError) as exc:
             raise WeightError(f"{path}: corrupt or truncated GGUF file ({_one_line(exc)})") from None
         self.files_opened.add(str(path))
@@ -244,6 +244,26 @@ class GGUFReader(Reader):
             return raw.view(torch_dtype[info.dtype]).reshape(info.shape)
         rows = info.shape[:-1]
         return raw.reshape(*rows, -1)  # quantized: [..., rows, bytes per row]
+
+
+def _tolerant_reader_class():
+    import gguf
+
+    class Reader(gguf.GGUFReader):
+        """gguf's reader, except that a tensor cut short by a truncated file gets a placeholder view instead of a
+        reshape error, so the size check above can name the tensor."""
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            arr = super()._get(offset, dtype, count, override_order)
+            if arr.size < int(count):
+                return np.zeros(int(count), dtype=arr.dtype)
+            return arr
+
+    return Reader
+
+
+def _TruncationTolerantReader(*args):  # noqa: N802 - a class made on first use (gguf is optional)
+    return _tolerant_reader_class()(*args)
 
 
 # --- opening -----------------------------------------------------------------------------------------------------
