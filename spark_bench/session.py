@@ -67,7 +67,10 @@ class Session:
         from spark_bench.registry import registry
 
         triton_env.configure(spec.device)  # before plugins import triton: probes must see the interpreter
-        cases = build_cases(registry(), spec)
+        reg = registry()
+        for err in reg.errors:  # `list` shows them too; a run must not hide a plugin that is missing
+            console(stderr=True).print(f"warning: plugin {err.source} failed to load: {err.message}", markup=False)
+        cases = build_cases(reg, spec)
         if not cases:
             raise UsageError("the selection has no cases (no backend or parameter point matches)")
         return cases

@@ -201,7 +201,9 @@ def main(conn, device: str, log_path: str | None) -> None:
     if log_path:
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 2)
+        os.dup2(fd, 1)  # a backend's stdout goes to the log too, never to the user's terminal
         sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     faulthandler.enable(all_threads=True)
     triton_env.configure(device)
     if device.startswith("cuda"):

@@ -152,3 +152,35 @@ def test_a_bad_plugin_probe_or_constraint_costs_only_its_own_backend(tmp_path, h
     backends = json.loads(listed.stdout)["ops"]["hostile.probes"]["backends"]
     assert backends["probe_hangs"]["reason"] == "probe timed out after 5 s"
     assert "SIGSEGV" in backends["probe_segfaults"]["reason"] and backends["plain"]["available"]
+
+
+def test_a_worker_killed_during_start_up_costs_no_sweep_and_load_errors_are_shown(tmp_path, hostile_env):
+    marker = tmp_path / "die-once"
+    marker.write_text("")
+    env = {**hostile_env, "HOSTILE_DIE_AT_STARTUP": str(marker),
+           "SPARK_BENCH_PLUGINS": hostile_env["SPARK_BENCH_PLUGINS"] + ",no_such_plugin_xyz"}
+    out = tmp_path / "run"
+    proc = subprocess.run(spark_bench_cmd("run", "--op", "fault.scale", "--backend", "good", "--quick", "--out", out,
+                                          "--no-report"), env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and not marker.exists()
+    assert "warning: plugin no_such_plugin_xyz failed to load: ModuleNotFoundError" in proc.stderr
+    records = _lines(out / "results.jsonl")
+    assert len(records) == 2 and all(r["status"] == "ok" for r in records)
+    (first,) = [r for r in records if r.get("crash_not_reproduced")]
+    assert "died during start-up (killed by SIGKILL)" in first["crash_not_reproduced"]["error"]
+
+
+def test_backend_output_goes_to_the_case_log_not_the_terminal(tmp_path, hostile_env):
+    out = tmp_path / "run"
+    proc = subprocess.run(spark_bench_cmd("run", "--op", "hostile.logs", "--quick", "--out", out, "--no-report",
+                                          "--no-confirm-crashes"), env=hostile_env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 1, proc.stderr
+    assert "stdout-noise" not in proc.stdout + proc.stderr and len(proc.stdout) < 200_000
+    records = _lines(out / "results.jsonl")
+    assert {r["backend"]: r["status"] for r in records} == {"noisy": "ok", "quiet_segfault": "crash"}
+    for rec in records:
+        if rec["backend"] == "quiet_segfault":
+            assert "Segmentation fault" in rec["worker_log_tail"] and "NOISE" not in rec["worker_log_tail"]
+    assert any("stdout-noise" in p.read_text(errors="replace") for p in (out / "logs").iterdir())

@@ -35,11 +35,22 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _tail(path: Path, lines: int = 25) -> str:
+def _tail(path: Path, lines: int = 25, start: int = 0) -> str:
+    """The last lines the worker wrote to its log since byte `start` (where the case began): never another case's."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        with open(path, "rb") as f:
+            f.seek(max(0, start))
+            data = f.read()
+        return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 class Worker:
@@ -72,7 +83,14 @@ class Worker:
         if msg is None or msg[0] != "ready":
             detail = _tail(self.log_path)
             self.kill()
-            raise RuntimeError(f"worker failed to start: {msg!r}\n{detail}")
+            if msg is None:
+                why = f"no answer within {STARTUP_TIMEOUT_S:g} s"
+            elif msg[0] == "dead":
+                why = (f"killed by {_signal_name(msg[1])}" if msg[1] is not None and msg[1] < 0
+                       else f"exit code {msg[1]}")
+            else:
+                why = f"unexpected message {str(msg)[:100]}"
+            raise RuntimeError(f"worker died during start-up ({why})\n{detail}")
         self.pid = msg[1]
 
     def receive(self, timeout: float) -> tuple | None:
@@ -168,7 +186,15 @@ class WorkerSlot:
             self.worker = None
 
     def run_case(self, case: Case, on_phase: PhaseFn = lambda case, phase: None) -> dict[str, Any]:
-        worker = self._worker()
+        try:
+            worker = self._worker()
+        except RuntimeError as exc:  # killed or stuck during start-up: this case's crash, never the sweep's end
+            self.retire()
+            record = failed_record(case, "crash", str(exc).splitlines()[0][:500], phase="startup",
+                                   worker_log_tail="\n".join(str(exc).splitlines()[1:]))
+            if self.ctx.confirm_crashes:
+                record = self._confirm(case, record, None, on_phase)
+            return stamp(record, self.slot)
         previous = self.last_case
         self.started = time.monotonic()  # after the worker is up: the timeline shows case time, not startup
         record = self._run_case(worker, case, on_phase)
@@ -183,7 +209,11 @@ class WorkerSlot:
         re-run does not crash, its record stands, keeping the first error, and the case the dead worker ran before is
         named suspect (the runner marks it in the journal)."""
         on_phase(case, "confirm-crash")
-        again = self._run_case(self._worker(), case, on_phase)
+        try:
+            again = self._run_case(self._worker(), case, on_phase)
+        except RuntimeError as exc:  # the fresh worker did not start either
+            self.retire()
+            again = failed_record(case, "crash", str(exc).splitlines()[0][:500], phase="startup")
         first_error = {"status": first["status"], "error": first["error"], "phase": first.get("phase"),
                        "worker_log_tail": first.get("worker_log_tail")}
         again["earlier_errors"] = [*again.get("earlier_errors", []), first["error"]]
@@ -204,6 +234,7 @@ class WorkerSlot:
             worker = self._worker()
             worker.conn.send(message)
         timeout_s = self.ctx.timeout_s
+        log_start = _size(worker.log_path)  # this case's part of the worker's log (stdout and stderr)
         phase, deadline = "queued", time.monotonic() + timeout_s
         while True:
             msg = worker.receive(deadline - time.monotonic())
@@ -223,7 +254,7 @@ class WorkerSlot:
                 code = msg[1]
                 cause = f"killed by {_signal_name(code)}" if code is not None and code < 0 else f"exit code {code}"
                 hint = " (the kernel's OOM killer sends SIGKILL when memory runs out)" if code == -9 else ""
-                log = _tail(worker.log_path)
+                log = _tail(worker.log_path, start=log_start)
                 self.retire()
                 return failed_record(case, "crash", f"worker {cause}{hint} in phase '{phase}'", phase=phase,
                                      worker_log_tail=log)

@@ -157,3 +157,32 @@ def probe_chatty(x):
 @probes.backend("plain")
 def plain(x):
     return 2 * x
+
+
+# --- item 8: a worker that dies while it starts; output a backend writes -----------------------------------------
+def _die_once_at_startup():
+    """With HOSTILE_DIE_AT_STARTUP=FILE and FILE present: the first worker process that loads this plugin removes
+    FILE and dies (SIGKILL) before it is ready."""
+    import multiprocessing
+
+    marker = os.environ.get("HOSTILE_DIE_AT_STARTUP")
+    if marker and multiprocessing.current_process().name != "MainProcess" and os.path.exists(marker):
+        os.remove(marker)
+        os.kill(os.getpid(), 9)
+
+
+_die_once_at_startup()
+logs = _op("hostile.logs", rows=(3, 5, 7))
+
+
+@logs.backend("noisy")
+def noisy(x):
+    """Correct; writes to stderr and 1 MB to stdout on every call."""
+    sys.stderr.write("NOISE from the noisy backend\n")
+    sys.stdout.write("stdout-noise " * 80_000)
+    return 2 * x
+
+
+@logs.backend("quiet_segfault")
+def quiet_segfault(x):
+    ctypes.string_at(0)
