@@ -127,7 +127,7 @@ def env_cmd(as_json: bool, device: str | None) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of every input factory.")
 @click.option("--max-time", type=float, default=None, help="Timing budget per case, seconds.")
 @click.option("--min-samples", type=int, default=None, help="Minimum timed samples per case.")
-@click.option("--target-ci", type=float, default=None, help="Stop when the median's 95%% CI is within this fraction.")
+@click.option("--target-ci", type=float, default=None, help="Stop when the median's 95% CI is within this fraction.")
 @click.option("--no-flush", is_flag=True, help="Do not flush the cache before each timed call (warm-cache numbers).")
 @click.option("--timer", type=click.Choice(["auto", "events", "graph"]), default="auto", show_default=True,
               help="CUDA timer; CPU devices always use the host clock.")

@@ -26,6 +26,16 @@ def fmt_params(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
 
 
+def clip_params(params: dict[str, Any], width: int = 60) -> str:
+    """The params that fit in `width` characters, whole `axis=value` items only, then '…'."""
+    text = ""
+    for item in (f"{k}={v}" for k, v in params.items()):
+        if len(text) + len(item) + (1 if text else 0) > width:
+            return (text + " …") if text else item[: max(1, width - 1)] + "…"
+        text = f"{text} {item}" if text else item
+    return text
+
+
 def fmt_num(value: float | None, digits: int = 3) -> str:
     if value is None:
         return "-"
@@ -90,7 +100,7 @@ class SweepProgress:
     otherwise (CI logs)."""
 
     def __init__(self, total: int, out: Console) -> None:
-        self.out, self.total, self.done = out, total, 0
+        self.out, self.total, self.done, self.skipped = out, total, 0, 0
         self.live = out.is_terminal
         self.started = time.monotonic()
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -109,20 +119,23 @@ class SweepProgress:
 
     def phase(self, case, phase: str) -> None:
         if self.progress:
-            params = escape(fmt_params(case.params)[:60])
+            params = escape(clip_params(case.params))
             text = f"{escape(case.op)} [bold]{escape(case.backend)}[/] {params} {case.dtype}: {phase}"
             self.progress.update(self.task, description=text)
 
     def result(self, case, record: dict[str, Any]) -> None:
         self.done += 1
-        if self.progress:
-            self.progress.update(self.task, completed=self.done)
+        if record["status"] == "skipped":  # costs nothing: it must not speed up the ETA of the cases that run
+            self.skipped += 1
+        if self.progress:  # the bar counts the cases that run: skipped ones leave its total
+            self.progress.update(self.task, completed=self.done - self.skipped, total=self.total - self.skipped)
             if record["status"] in FAILED:
                 detail = f"{case.op} {case.backend} {fmt_params(case.params)} {case.dtype}: {record.get('error') or ''}"
                 self.out.print(f"[{STATUS_STYLE[record['status']]}]{record['status']}[/] {escape(detail[:200])}")
             return
         elapsed = time.monotonic() - self.started
-        eta = elapsed / self.done * (self.total - self.done)
+        measured = self.done - self.skipped
+        eta = elapsed / measured * (self.total - self.done) if measured else 0.0
         self.out.print(f"[{self.done}/{self.total} {elapsed:.0f}s eta {eta:.0f}s] {record['status']:8s} "
                        f"{case.op} {case.backend} {fmt_params(case.params)} {case.dtype} {latency_cell(record)} us",
-                       markup=False)
+                       markup=False, soft_wrap=True)  # one line per case in logs, however long

@@ -148,16 +148,17 @@ class Session:
         records = self.store.read_results()
         summary = results.summarize_statuses(records)
         run = self.store.read_run()
-        run.update(finished=results.now(), summary=summary)
-        self.store.write_run(run)
+        if todo or run.get("finished") is None:  # resuming a finished run changes nothing: it keeps its end time
+            run.update(finished=results.now(), summary=summary)
+            self.store.write_run(run)
         out.print(results_table(records, title=f"spark-bench run {run['run_id']}"))
         fails = failures_table(records)
         if fails is not None:
             out.print(fails)
         out.print(summary_line(summary))
-        if report:
-            self._report(out)
         out.print(f"results: {self.store.path}", markup=False)
+        if report:
+            self._report(out)  # the report's path is printed last
         return 1 if any(summary[s] for s in results.FAILED) else 0
 
     def _report(self, out: Any) -> None:

@@ -85,6 +85,7 @@ class CaseRunner:
             "extra": {}, "power": None, "roofline": None, "recompiles_during_timing": None,
             "started": started, "worker_pid": os.getpid(),
         }
+        memory = _memory_start(case.device)
         try:
             from spark_bench.weights import using  # --weights: the ops build their inputs from the file's layer
 
@@ -99,6 +100,7 @@ class CaseRunner:
             if "cuda error" in record["error"].lower() or "illegal memory" in record["error"].lower():
                 record["restart_worker"] = True  # a CUDA context error poisons every later case of this process
         record["duration_s"] = round(time.perf_counter() - t0, 4)
+        record["memory"] = _memory_end(case.device, memory)
         return record
 
     def _run(self, case: Case, cfg: TimingConfig, n_sets: int, record: dict[str, Any]) -> None:
@@ -180,6 +182,39 @@ class CaseRunner:
         self.phase(case.case_id, "energy")
         return measure_energy(invocation, case.device, calls_per_invocation=k, flops=cost.flops, tokens=cost.tokens,
                               retries=2)
+
+
+def _rss_peak_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def _memory_start(device: str) -> int:
+    if device.startswith("cuda"):
+        import torch
+
+        try:
+            torch.cuda.reset_peak_memory_stats()
+        except RuntimeError:
+            pass
+    return _rss_peak_bytes()
+
+
+def _memory_end(device: str, rss_peak_before: int) -> dict[str, Any]:
+    """Peak memory of the case: device bytes (torch.cuda.max_memory_allocated) on CUDA; on the host, how much the
+    case raised the worker's peak RSS (a high-water mark: 0 when an earlier case of the worker peaked higher)."""
+    peak = _rss_peak_bytes()
+    out: dict[str, Any] = {"rss_peak_bytes": peak, "rss_peak_increase_bytes": max(0, peak - rss_peak_before),
+                           "device_peak_bytes": None}
+    if device.startswith("cuda"):
+        import torch
+
+        try:
+            out["device_peak_bytes"] = int(torch.cuda.max_memory_allocated())
+        except RuntimeError:  # a poisoned context: the case's error says why
+            pass
+    return out
 
 
 def _die_with_parent() -> None:

@@ -180,3 +180,47 @@ def test_malformed_files_are_one_line_in_show(tmp_path, kind, needle):
 def test_resume_of_a_run_without_a_spec_is_one_line(tmp_path):
     path = _run_dir(tmp_path, lines=[_record()])
     _assert_one_line(*_cli("run", "--resume", path), "no usable sweep spec")
+
+
+def test_peak_memory_is_recorded_per_case(hostile_registry):
+    rec = _run_case(hostile_registry, "hostile.check", "fine")
+    mem = rec["memory"]
+    assert mem["rss_peak_bytes"] > 0 and mem["rss_peak_increase_bytes"] >= 0 and mem["device_peak_bytes"] is None
+
+
+def test_progress_params_are_cut_between_items_only():
+    from spark_bench.console import clip_params
+
+    params = {"tokens": 4096, "heads": 32, "head_dim": 128, "varlen": "mixed-long-pattern", "experts": 256}
+    text = clip_params(params, width=40)
+    assert text.endswith(" …") and len(text) <= 42
+    assert all(item in [f"{k}={v}" for k, v in params.items()] for item in text[:-2].split())
+
+
+def test_log_mode_lines_do_not_wrap_and_skipped_cases_do_not_speed_up_the_eta():
+    import io
+    import re
+
+    from rich.console import Console
+
+    from spark_bench.console import SweepProgress
+    from spark_bench.sweep import Case
+
+    buf = io.StringIO()
+    out = Console(file=buf, width=160, force_terminal=False, highlight=False)
+    params = {f"axis_number_{i}": 10 ** i for i in range(12)}
+    cases = [Case("x.op", f"b{i}", params, "fp32", "cpu", 0) for i in range(4)]
+    progress = SweepProgress(4, out)
+    progress.started -= 10.0  # as if 10 s went by
+    progress.result(cases[0], {"status": "skipped", "timing": None})
+    progress.result(cases[1], {"status": "ok", "timing": None})
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 2 and all(len(line) > 160 for line in lines)  # one line per case, never wrapped
+    eta = int(re.search(r"eta (\d+)s", lines[1]).group(1))
+    assert eta >= 19  # 10 s for the one measured case, two to go (not 10 / 2 * 2)
+
+
+def test_help_and_error_prefixes():
+    code, out, _ = _cli("run", "--help")
+    assert code == 0 and "95% CI" in out and "95%%" not in out
+    _assert_one_line(*_cli("report", "/nonexistent/run"), "spark-bench: error: report: ")

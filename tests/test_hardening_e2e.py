@@ -184,3 +184,17 @@ def test_backend_output_goes_to_the_case_log_not_the_terminal(tmp_path, hostile_
         if rec["backend"] == "quiet_segfault":
             assert "Segmentation fault" in rec["worker_log_tail"] and "NOISE" not in rec["worker_log_tail"]
     assert any("stdout-noise" in p.read_text(errors="replace") for p in (out / "logs").iterdir())
+
+
+def test_report_path_is_printed_last_and_a_finished_run_keeps_its_end(tmp_path, fault_env):
+    out = tmp_path / "run"
+    first = subprocess.run(spark_bench_cmd("run", "--op", "fault.scale", "--backend", "good", "--quick", "--out",
+                                           out), env=fault_env, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip().splitlines()[-1] == f"report: {out / 'report.html'}"
+    finished = json.loads((out / "run.json").read_text())["finished"]
+    time.sleep(1.1)  # run.json stores seconds
+    again = subprocess.run(spark_bench_cmd("run", "--resume", out, "--no-report"), env=fault_env,
+                           capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0 and "0 to run" in again.stdout
+    assert json.loads((out / "run.json").read_text())["finished"] == finished

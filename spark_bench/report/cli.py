@@ -22,7 +22,7 @@ from spark_bench.report.model import ResultsError, load_runs, params_text
 
 def _fail(command: str, message: str) -> None:
     """A usage error: one line on stderr, exit status 2, no traceback."""
-    click.echo(f"spark-bench {command}: error: {' '.join(str(message).split())}", err=True)
+    click.echo(f"spark-bench: error: {command}: {' '.join(str(message).split())}", err=True)  # one prefix for all
     sys.exit(2)
 
 
