@@ -4,10 +4,12 @@ refuses runs on different weights; `profile --weights` and `pytest --spark-weigh
 
 import json
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import spark_bench_cmd
 from weight_files import deepseek_checkpoint, gguf_file, kimi_checkpoint, routing_npy
 
 from spark_bench.cli import main
@@ -157,3 +159,21 @@ def test_pytest_plugin_takes_the_layer(pytester, files, tmp_path):
                                 "--spark-set", "heads=4", "-p", "no:cacheprovider")
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*the weight file fixes kda.gate's heads to 2*"])
+
+
+def test_resume_reuses_the_weight_spec(files, tmp_path):
+    out = tmp_path / "run"
+    def spark_bench(*args):  # each in its own process: a run holds its directory's lock until its process ends
+        return subprocess.run(spark_bench_cmd(*args), capture_output=True, text=True, timeout=600)
+
+    done = spark_bench("run", "--weights", files["gguf"], "--layer", 0, "--op", "moe.router", "--backend", "torch",
+                       "--set", "tokens=1,5", "--out", out, "--no-report", "--executor", "inprocess")
+    assert done.returncode == 0, done.stderr
+    lines = (out / "results.jsonl").read_text().splitlines()
+    (out / "results.jsonl").write_text(lines[0] + "\n")  # as if killed after the first case
+    done = spark_bench("run", "--resume", out, "--no-report", "--executor", "inprocess")
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r["status"] == "ok" and r["params"]["hidden"] == 256 for r in records)
+    done = spark_bench("run", "--resume", out, "--weights", files["kimi"])
+    assert done.returncode == 2 and "drop --weights" in done.stderr
