@@ -8,7 +8,7 @@
 #   3. the measured roofline (spark-bench calibrate),
 #   4. the GPU sweep (every op, every available backend, fla/vLLM as peers where installed) and its HTML report.
 # Writes at most 8 files under $OUT (the device tool returns no more). Run from the repo root:
-#   run(command="bash tests/gpu/run_gpu_check.sh", carry=[".whl"], timeout_s=540)
+#   run(command="bash tests/gpu/run_gpu_check.sh", carry=[".whl", ".triton-cache.tar.xz"], timeout_s=540)
 # Peer wheels (plotly, fla-core, gguf and what they need) travel in .whl/ (see docs/gpu.md).
 set -uo pipefail
 OUT=${OUT:-/tmp/spark-gpu-out}
@@ -17,11 +17,12 @@ LOG="$OUT/gpu_check.log"
 exec > >(tee -a "$LOG") 2>&1
 export PYTHONUNBUFFERED=1
 SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-150}  # the steps add up to <= 8 minutes with the installs
-# One Triton cache for every step: a precompiled one carried in .triton-cache (made here with the device's Triton
-# version, see docs/kernels.md) is used when present; the entries counted before and after each step say whether
-# the device's JIT found them (its cache keys include the Triton and ptxas versions).
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton-cache}
+# One Triton cache for every step: a precompiled one carried as .triton-cache.tar.xz (made with the device's Triton
+# version, see docs/kernels.md) is unpacked into it when present; the entries counted before and after each step
+# say whether the device's JIT found them (its cache keys include the Triton and ptxas versions).
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/spark-triton-cache}
 mkdir -p "$TRITON_CACHE_DIR"
+[ -f .triton-cache.tar.xz ] && python3 tests/gpu/triton_cache.py unpack .triton-cache.tar.xz "$TRITON_CACHE_DIR"
 cache_entries() { find "$TRITON_CACHE_DIR" -name '*.json' ! -name '__grp__*' | wc -l; }
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
