@@ -177,3 +177,19 @@ def test_resume_reuses_the_weight_spec(files, tmp_path):
     assert len(records) == 2 and all(r["status"] == "ok" and r["params"]["hidden"] == 256 for r in records)
     done = spark_bench("run", "--resume", out, "--weights", files["kimi"])
     assert done.returncode == 2 and "drop --weights" in done.stderr
+
+
+@pytest.mark.filterwarnings("ignore:Benchmark machine_info is different")  # other weights, on purpose
+def test_pytest_baseline_on_other_weights_is_flagged(pytester, files, tmp_path):
+    ckpt = tmp_path / "kimi"
+    shutil.copytree(files["kimi"].parent, ckpt)
+    args = ["--spark-op", "kda.gate", "--spark-backend", "torch", "--spark-weights", str(ckpt), "--spark-set",
+            "tokens=5", "--spark-max-time", "0.05", "-p", "no:cacheprovider"]
+    pytester.runpytest(*args, "--spark-layer", "0", "--benchmark-save", "base").assert_outcomes(passed=1)
+    saved = json.loads(next((pytester.path / ".benchmarks").glob("*/0001_base.json")).read_text())
+    assert saved["machine_info"]["spark_bench"]["weights"]["layer"] == 0
+    same = pytester.runpytest(*args, "--spark-layer", "0", "--benchmark-compare", "0001")
+    assert "fingerprint mismatch" not in same.stdout.str()
+    other = pytester.runpytest(*args, "--spark-layer", "1", "--benchmark-compare", "0001",
+                               "--spark-fingerprint-mismatch", "fail")
+    assert other.ret != 0 and "layer 0" in other.stderr.str() and "layer 1" in other.stderr.str()

@@ -322,6 +322,8 @@ def moe_binding(make_inputs, fixed, redraw=None):
 def experts_from_file(p, src, gen, *, device, dtype, seed, factory, names=("w13", "w2")):
     """moe.experts / moe.experts_gguf: the layer's routed experts (when the source has a layer), activations as the
     layer sees them, routing from p["routing"] (model: those activations through the router)."""
+    if not src.has_layer and p["routing"] not in REPLAY_ROUTINGS:
+        return factory(p, device=device, dtype=dtype, seed=seed)
     if not src.has_layer:
         inputs = factory({**p, "routing": "uniform"}, device=device, dtype=dtype, seed=seed)
         ids, weights = replay_routing(p, src, gen, device, dtype=dtype)

@@ -120,8 +120,27 @@ class SparkState:
         return roofline_for(device)
 
     def machine_fingerprint(self) -> dict[str, Any]:
-        """The fingerprint stored in pytest-benchmark's machine_info (the commit is in its commit_info)."""
-        return {k: v for k, v in self.fingerprint(self.device).items() if k != "git"}
+        """The fingerprint stored in pytest-benchmark's machine_info (the commit is in its commit_info); with
+        --spark-weights also the weight file and its layer's content hash (docs/weights.md)."""
+        fp = {k: v for k, v in self.fingerprint(self.device).items() if k != "git"}
+        weights = self.weights_info()
+        if weights:
+            fp["weights"] = weights
+        return fp
+
+    @functools.cached_property
+    def _weights_info(self) -> dict[str, Any] | None:
+        from spark_bench.weights import WeightError, describe, make_spec
+
+        opt = self.config.getoption
+        try:
+            spec = make_spec(opt("spark_weights"), opt("spark_layer"), opt("spark_routing"))
+            return describe(spec) if spec else None
+        except WeightError:  # reported (as a usage error) where the cases are collected
+            return None
+
+    def weights_info(self) -> dict[str, Any] | None:
+        return self._weights_info
 
 
 def state_of(config: pytest.Config) -> SparkState:

@@ -85,12 +85,25 @@ def not_timed(benchmark: Any) -> None:
 
 
 def fingerprint_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """None when both fingerprints identify the same device and stack, else what differs."""
+    """None when both fingerprints identify the same device and stack (and the same weights, with
+    --spark-weights), else what differs."""
+    wa, wb = _weights_id(saved), _weights_id(current)
+    weights = None if wa == wb else f"weights {wa or 'random'} -> {wb or 'random'}"
     if saved.get("fingerprint_id") == current.get("fingerprint_id"):
-        return None
+        return weights
     diffs = []
     for section, key in IDENTITY_FIELDS:
         a, b = (saved.get(section) or {}).get(key), (current.get(section) or {}).get(key)
         if a != b:
             diffs.append(f"{key} {a!r} -> {b!r}")
-    return ", ".join(diffs) or "fingerprint_id differs"
+    return ", ".join(diffs + ([weights] if weights else [])) or "fingerprint_id differs"
+
+
+def _weights_id(fp: dict[str, Any]) -> str | None:
+    """The weights a fingerprint was measured on (docs/weights.md): file, layer and content hashes."""
+    w = fp.get("weights")
+    if not w:
+        return None
+    routing = (w.get("routing") or {}).get("sha256")
+    return (f"{w.get('path')} layer {w.get('layer')} sha256 {str(w.get('sha256'))[:12]}"
+            + (f" routing {str(routing)[:12]}" if routing else ""))
