@@ -224,3 +224,16 @@ def test_help_and_error_prefixes():
     code, out, _ = _cli("run", "--help")
     assert code == 0 and "95% CI" in out and "95%%" not in out
     _assert_one_line(*_cli("report", "/nonexistent/run"), "spark-bench: error: report: ")
+
+
+def test_compare_of_a_run_with_itself_is_all_same_and_an_empty_new_run_fails_the_gate(tmp_path):
+    from report_fixtures import standard_run, write_run
+
+    run = standard_run(tmp_path / "a", spread=0.3, n=10)  # CPU-like noise: each case alone would be `noisy`
+    code, out, err = _cli("compare", run, run, "--all")
+    assert code == 0 and "noisy" not in out, out
+    empty = write_run(tmp_path / "empty", [], run_id="empty")
+    code, out, err = _cli("compare", run, empty)
+    assert code == 1 and "missing" in err, (out, err)
+    code, _, _ = _cli("compare", run, empty, "--allow-missing")
+    assert code == 0

@@ -61,8 +61,10 @@ def report(run_dirs: tuple[Path, ...], output: Path, baseline: str) -> None:
 @click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,
               help="Also write the comparison as an HTML report.")
 @click.option("--all", "show_all", is_flag=True, help="List unchanged ('same') cases too.")
+@click.option("--allow-missing", is_flag=True,
+              help="Pass although cases of the base run are missing from the new one (a deliberate subset).")
 def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_different_device: bool,
-            allow_different_weights: bool, html_out: Path | None, show_all: bool) -> None:
+            allow_different_weights: bool, html_out: Path | None, show_all: bool, allow_missing: bool) -> None:
     """Compare NEW_RUN against BASE_RUN case by case. Exit 0: nothing regressed; 1: something got slower beyond the
     threshold or stopped passing its check (listed); 2: usage error."""
     from rich.console import Console
@@ -84,7 +86,8 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
             click.echo(f"report: {write_report([base_run, new_run], html_out)}")
         except (ResultsError, OSError) as exc:
             _fail("compare", str(exc))
-    regressed = [d for d in diffs if d.regressed]
+    # a gate must not pass on what was not measured: cases missing from the new run fail it unless allowed
+    regressed = [d for d in diffs if d.regressed or (d.verdict.verdict == "missing" and not allow_missing)]
     if regressed:
         click.echo(f"REGRESSED: {len(regressed)} case(s)", err=True)
         for d in sorted(regressed, key=lambda d: d.sort_key):
