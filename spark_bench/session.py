@@ -48,6 +48,13 @@ class PhaseTimeline:
             self.tele.stop()
 
 
+def shapes_note(spec: SweepSpec) -> str:
+    """What the header says of the shapes: a preset's model shapes are not quick ones, whatever --quick says."""
+    if spec.preset is not None:
+        return f"  (preset {spec.preset} shapes" + (", quick timing)" if spec.quick else ")")
+    return "  (quick shapes)" if spec.quick else ""
+
+
 def add_roofline(record: dict[str, Any], roofline: dict[str, Any] | None) -> None:
     """% of the measured and datasheet peaks, beside the achieved GB/s and TFLOP/s."""
     if record.get("status") == "ok" and roofline:
@@ -73,6 +80,11 @@ class Session:
         cases = build_cases(reg, spec)
         if not cases:
             raise UsageError("the selection has no cases (no backend or parameter point matches)")
+        from spark_bench.memory import guard
+
+        cases, warning = guard(reg, cases)  # model-size points on a CPU: refused with the figure, not swapped
+        if warning:
+            console(stderr=True).print(f"warning: {warning}", markup=False)
         return cases
 
     @classmethod
@@ -136,7 +148,7 @@ class Session:
         out = console()
         todo = pending(self.store, self.cases)
         out.print(f"spark-bench: {len(self.cases)} cases on {self.spec.device}, {len(todo)} to run -> {self.store.path}"
-                  + ("  (quick shapes)" if self.spec.quick else ""), markup=False)
+                  + shapes_note(self.spec), markup=False)
         tele, _ = RunTelemetry.start(self.store.path, self.spec.device) if self.spec.device.startswith("cuda") \
             else (None, "CPU device")
         timeline = PhaseTimeline(tele)

@@ -237,3 +237,28 @@ def test_compare_of_a_run_with_itself_is_all_same_and_an_empty_new_run_fails_the
     assert code == 1 and "missing" in err, (out, err)
     code, _, _ = _cli("compare", run, empty, "--allow-missing")
     assert code == 0
+
+
+def test_model_size_points_on_a_cpu_get_a_memory_estimate_first():
+    from spark_bench.memory import MEMORY_FACTOR, guard
+    from spark_bench.registry import registry
+    from spark_bench.sweep import SweepSpec, build_cases
+
+    reg = registry()
+    cases = build_cases(reg, SweepSpec(ops=["moe.experts"], preset="kimi-linear", device="cpu", quick=True))
+    kept, warning = guard(reg, cases, available=4 * 10**9)
+    skipped = [c for c in kept if c.skip and "GB available" in c.skip]
+    assert len(kept) == len(cases) and skipped and len(skipped) < len(cases)
+    op = reg.get("moe.experts")
+    assert all(op.cost(c.params, c.dtype).bytes * MEMORY_FACTOR > 4e9 for c in skipped)
+    assert "4.0 GB available" in warning and f"{len(skipped)} case(s) skipped" in warning
+    assert guard(reg, cases, available=10**15) == (list(cases), None)
+
+
+def test_the_header_does_not_call_preset_shapes_quick():
+    from spark_bench.session import shapes_note
+    from spark_bench.sweep import SweepSpec
+
+    assert shapes_note(SweepSpec(quick=True)) == "  (quick shapes)"
+    assert "quick shapes" not in shapes_note(SweepSpec(quick=True, preset="kimi-linear"))
+    assert "preset kimi-linear shapes" in shapes_note(SweepSpec(quick=True, preset="kimi-linear"))
