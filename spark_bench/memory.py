@@ -45,8 +45,9 @@ def guard(reg, cases: Sequence[Case], available: int | None = None) -> tuple[lis
         if need is not None and need > available:
             skipped += 1
             worst = max(worst, need)
-            case = dataclasses.replace(case, skip=f"needs ~{need / 1e9:.1f} GB ({MEMORY_FACTOR}x its cost-model bytes), "
-                                                    f"{available / 1e9:.1f} GB available")
+            why = (f"needs ~{need / 1e9:.1f} GB ({MEMORY_FACTOR}x its cost-model bytes), "
+                   f"{available / 1e9:.1f} GB available")
+            case = dataclasses.replace(case, skip=why)
         out.append(case)
     if not skipped:
         return out, None
