@@ -232,3 +232,21 @@ def test_routing_model_gives_the_load_the_router_implies(files):
     w = scores / scores.sum(-1, keepdim=True) * MOE["rsf"]
     got = inputs["topk_weights"].double().gather(1, inputs["topk_ids"].long().argsort(-1))
     assert torch.allclose(got, w.gather(1, expected.argsort(-1)), rtol=1e-5)
+
+
+def test_an_mla_layer_has_no_kda_block(tmp_path):
+    from safetensors.torch import save_file
+    from weight_files import KIMI_NAMES, moe_tensors
+
+    gen = torch.Generator().manual_seed(3)
+    tensors = {"model.layers.3.self_attn.q_proj.weight": torch.randn(64, 64).bfloat16(),  # MLA: q_proj, no KDA part
+               "model.layers.3.self_attn.kv_a_proj_with_mqa.weight": torch.randn(32, 64).bfloat16(),
+               **moe_tensors("model.layers.3.", gen, KIMI_NAMES, 64)}
+    save_file(tensors, str(tmp_path / "mla.safetensors"))
+    src = source(make_spec(tmp_path / "mla.safetensors", 3, None))
+    assert src.kda is None and src.moe is not None and src.family.name == "kimi-linear"
+    spec = SweepSpec(ops=["kda.*", "moe.router"], backends=["torch"], quick=True, weights=src.spec,
+                     overrides={"topk": ["2"]})  # no config.json: the top-k is given
+    assert {c.op for c in build_cases(registry(), spec)} == {"moe.router"}  # the KDA ops left out of the glob
+    with pytest.raises(WeightError, match="kda.gate: .* layer 3 has no KDA block"):
+        build_cases(registry(), SweepSpec(ops=["kda.gate"], quick=True, weights=src.spec))

@@ -130,7 +130,6 @@ class LayerSource:
     def kda_weights(self, dtype: torch.dtype, device) -> dict[str, torch.Tensor]:
         key = ("kda", dtype, str(device))
         if key not in self._loaded:
-            self._loaded.clear() if len(self._loaded) > 4 else None
             cpu = load_kda(self.reader, self.kda, dtype)
             self._loaded[key] = {k: v.to(device) for k, v in cpu.items()}
         return self._loaded[key]

@@ -118,7 +118,6 @@ class SafetensorsReader(Reader):
         self._shard_files = sorted({index.parent / f for f in weight_map.values()})
         for name, shard in weight_map.items():
             self._shard_of[name] = index.parent / shard
-        self._index_only = True
 
     def _open(self, shard: Path):
         from safetensors import SafetensorError, safe_open
@@ -143,7 +142,6 @@ class SafetensorsReader(Reader):
 
     def _read_header(self, path: Path) -> None:
         self._shard_files = [path]
-        self._index_only = False
         self._open(path)
 
     def names(self) -> list[str]:

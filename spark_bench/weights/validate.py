@@ -24,6 +24,7 @@ from spark_bench.weights.names import CONV_PARTS, KDA_ROLES, Family
 CONV_WIDTH = 4
 QK_K = 256
 F32_ROLES = ("dt_bias", "a_log", "gate_bias")
+KDA_MARKERS = ("a_log", "dt_bias", "q_conv", "k_conv", "v_conv", "f_a", "f_b", "g_a", "g_b")  # not in an MLA layer
 
 
 def _shape(info: TensorInfo) -> list[int]:
@@ -80,9 +81,8 @@ def plan_kda(reader: Reader, family: Family, layer: int, where: str) -> KdaPlan 
     if not family.kda:
         return None
     n = _Names(reader, family, layer, where)
-    present = {role: n.find(cands) for role, cands in family.kda.items()}
-    if not any(present.values()):
-        return None
+    if not any(n.find(family.kda[role]) for role in KDA_MARKERS if role in family.kda):
+        return None  # no tensor only a KDA block has: an MLA (full attention) layer, or none
     infos = {role: n.need(role, cands, "KDA block") for role, cands in family.kda.items()}
     for role, info in infos.items():
         _float(info, where, role.replace("_conv", "_proj") if role in CONV_PARTS else role)
