@@ -262,3 +262,18 @@ def test_the_header_does_not_call_preset_shapes_quick():
     assert shapes_note(SweepSpec(quick=True)) == "  (quick shapes)"
     assert "quick shapes" not in shapes_note(SweepSpec(quick=True, preset="kimi-linear"))
     assert "preset kimi-linear shapes" in shapes_note(SweepSpec(quick=True, preset="kimi-linear"))
+
+
+def test_the_report_says_that_cpu_triton_numbers_are_interpreted(tmp_path):
+    from report_fixtures import case, write_run
+
+    from spark_bench.report import write_report
+
+    rec = case("kda.gate", "triton", {"tokens": 64, "heads": 4, "head_dim": 128})
+    rec["labels"] = ["interpreted"]
+    run = write_run(tmp_path / "a", [rec, case("kda.gate", "torch", {"tokens": 64, "heads": 4, "head_dim": 128})])
+    html = write_report([run], tmp_path / "r.html").read_text()
+    summary = html[html.index('<section id="summary">'):html.index("</section>", html.index('<section id="summary">'))]
+    assert "Interpreted:</b> triton ran in the Triton interpreter" in summary
+    env = html[html.index('<section id="env">'):]
+    assert "interpreted (TRITON_INTERPRET=1): triton" in env

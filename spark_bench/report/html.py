@@ -119,12 +119,20 @@ def environment(runs: Sequence[RunData]) -> str:
         row("fingerprint", lambda r: fp(r).get("fingerprint_id") or "?"),
         row("weights", lambda r: weights_text(fp(r).get("weights"))),
         row("cases", summary),
+        row("Triton", lambda r: f"interpreted (TRITON_INTERPRET=1): {interpreted_backends(r)} ran in the Triton "
+                                "interpreter, numbers measure Python, not a kernel" if interpreted_backends(r)
+                                else "compiled"),
     ]
     if len(runs) == 1:  # one run: key/value pairs flow in columns across the page
         pairs = "".join(f"<div><b>{esc(k)}</b><span>{_inner(v[0])}</span></div>" for k, v in rows)
         return f'<section id="env"><h2>Environment</h2><div class="envgrid">{pairs}</div></section>'
     table = _table([""] + [r.label for r in runs], [[Markup(f"<b>{esc(k)}</b>"), *v] for k, v in rows], "static env")
     return f'<section id="env"><h2>Environment</h2>{table}</section>'
+
+
+def interpreted_backends(run: RunData) -> str:
+    """The backends of a run whose cases carry the `interpreted` label (Triton on CPU), comma-separated."""
+    return ", ".join(sorted({r["backend"] for r in run.results if "interpreted" in (r.get("labels") or [])}))
 
 
 def summary(runs: Sequence[RunData], baseline: str, colours: dict[str, str]) -> str:
@@ -134,7 +142,10 @@ def summary(runs: Sequence[RunData], baseline: str, colours: dict[str, str]) -> 
     headers = ["op"] + (["run"] if multi else []) + ["fastest correct backend", f"speedup over {baseline}",
                                                     "best % of roofline", "cases", "ok", "mismatch", "failed",
                                                     "skipped"]
-    return (f'<section id="summary"><h2>Summary</h2>{_table(headers, rows)}'
+    interp = sorted({b for r in runs for b in interpreted_backends(r).split(", ") if b})
+    note = (f'<p class="sb-interpreted"><b>Interpreted:</b> {esc(", ".join(interp))} ran in the Triton interpreter '
+            "(CPU, TRITON_INTERPRET=1): their times measure the interpreter, not a GPU kernel.</p>") if interp else ""
+    return (f'<section id="summary"><h2>Summary</h2>{note}{_table(headers, rows)}'
             f'<p class="muted">Fastest = highest geometric-mean speedup over <b>{esc(baseline)}</b> across the shapes '
             "both ran correctly (the fp32 reference is not a contender). Roofline % uses the stored per-case values, "
             "else GB/s and TFLOP/s against the run's measured (preferred) or datasheet peaks.</p></section>")
@@ -146,8 +157,9 @@ def _summary_row(op: str, run: RunData, results: list, baseline: str, colours: d
     c = s["counts"]
     fastest = Markup("<span class='muted'>none timed</span>")
     if s.get("fastest"):
+        interp = any("interpreted" in (r.get("labels") or []) for r in results if r.get("backend") == s["fastest"])
         fastest = Markup(f'<span class="swatch" style="background:{colours.get(s["fastest"], "#333")}">'
-                         f'</span><b>{esc(s["fastest"])}</b>')
+                         f'</span><b>{esc(s["fastest"])}</b>' + (" (interpreted)" if interp else ""))
     if s.get("fastest") == baseline:
         nxt = s.get("runner_up")
         speed = Markup("<span class='muted'>the baseline is fastest"
