@@ -148,7 +148,8 @@ def env_cmd(as_json: bool, device: str | None) -> None:
 @weight_options
 def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resume, timeout, seed, max_time,
             min_samples, target_ci, no_flush, timer, no_energy, no_report, executor_kind, devices, ray_address,
-            retries, dry_run, history_db, no_confirm_crashes, weights, layer, routing) -> None:
+            retries, dry_run, history_db, no_confirm_crashes, weights, layer, routing,
+            activations) -> None:
     """Sweep ops x backends x shapes x dtypes: check each case against the reference, then time it."""
     from spark_bench.session import Session
     from spark_bench.worker import ENERGY_ENV
@@ -173,7 +174,7 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
         spec = SweepSpec(ops=list(ops), backends=list(backends), preset=preset, overrides=overrides,
                          dtypes=[d for text in dtypes for d in text.split(",") if d], device=device,
                          quick=quick or (device == "cpu" and not full), seed=seed,
-                         weights=make_spec(weights, layer, routing))
+                         weights=make_spec(weights, layer, routing, activations))
         cfg = config_for(device, quick, max_time_s=max_time, min_samples=min_samples, target_rel_ci=target_ci,
                          flush=False if no_flush else None, mode=timer)
     executor = make_executor(executor_kind, device=spec.device, devices=devices, ray_address=ray_address,

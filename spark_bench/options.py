@@ -9,7 +9,8 @@ from spark_bench.sweep import UsageError
 
 # `run` options that define the sweep or how it is measured: fixed in run.json, so `--resume` refuses them
 RESUME_FIXED = ("ops", "backends", "preset", "sets", "dtypes", "device", "quick", "full", "out", "seed", "timeout",
-                "max_time", "min_samples", "target_ci", "no_flush", "timer", "weights", "layer", "routing")
+                "max_time", "min_samples", "target_ci", "no_flush", "timer", "weights", "layer", "routing",
+                "activations")
 
 
 def positive(option: str, value: float | None, *, integer: bool = False) -> None:

@@ -250,3 +250,28 @@ def test_an_mla_layer_has_no_kda_block(tmp_path):
     assert {c.op for c in build_cases(registry(), spec)} == {"moe.router"}  # the KDA ops left out of the glob
     with pytest.raises(WeightError, match="kda.gate: .* layer 3 has no KDA block"):
         build_cases(registry(), SweepSpec(ops=["kda.gate"], quick=True, weights=src.spec))
+
+
+def test_captured_activations_are_fed_as_x(files, tmp_path):
+    rng = np.random.default_rng(1)
+    acts = rng.standard_normal((50, KDA["D"])).astype(np.float32)
+    np.save(tmp_path / "x.npy", acts)
+    spec = make_spec(files["kimi"], 0, None, tmp_path / "x.npy")
+    reg = registry()
+    with using(spec):
+        block = reg.get("kda.block_decode").make_inputs({"batch": 3, "heads": 2, "head_dim": 16, "hidden": 64},
+                                                        seed=5)
+        moe = reg.get("moe.router").make_inputs({"tokens": 7, "hidden": 64, "experts": 8, "topk": 2, "groups": 1,
+                                                 "topk_groups": 1, "routed_scaling_factor": 2.5}, seed=5)
+    for x in (block["x"], moe["x"]):  # consecutive rows of the file (wrapping), in the activation dtype
+        match = [r for r in range(50) if torch.equal(x[0], torch.from_numpy(acts[r]).bfloat16())]
+        assert len(match) == 1
+        rows = (np.arange(x.shape[0]) + match[0]) % 50
+        assert torch.equal(x, torch.from_numpy(acts[rows]).bfloat16())
+    assert_all_ok(run_cases(spec, ["kda.block_prefill", "moe.layer"], ["torch"], tokens="5"))
+    assert source(spec).describe()["activations"]["shape"] == [50, KDA["D"]]
+    np.save(tmp_path / "wide.npy", np.zeros((4, 96), dtype=np.float32))
+    with pytest.raises(WeightError, match="rows of 96, but .* has hidden = 64"):
+        run_cases(make_spec(files["kimi"], 0, None, tmp_path / "wide.npy"), ["moe.router"], ["torch"])
+    with pytest.raises(WeightError, match="--activations needs --weights"):
+        make_spec(None, None, None, tmp_path / "x.npy")

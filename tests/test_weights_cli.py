@@ -193,3 +193,15 @@ def test_pytest_baseline_on_other_weights_is_flagged(pytester, files, tmp_path):
     other = pytester.runpytest(*args, "--spark-layer", "1", "--benchmark-compare", "0001",
                                "--spark-fingerprint-mismatch", "fail")
     assert other.ret != 0 and "layer 0" in other.stderr.str() and "layer 1" in other.stderr.str()
+
+
+def test_run_with_captured_activations(files, tmp_path):
+    np.save(tmp_path / "x.npy", np.random.default_rng(2).standard_normal((16, 64)).astype(np.float32))
+    code, out, err = run_cli("run", "--weights", files["kimi"], "--layer", 1, "--activations", tmp_path / "x.npy",
+                             "--op", "kda.gate", "--op", "moe.router", "--backend", "torch", "--set", "tokens=5",
+                             "--out", tmp_path / "run", "--no-report", "--executor", "inprocess")
+    assert code == 0, out + err
+    w = json.loads((tmp_path / "run" / "run.json").read_text())["fingerprint"]["weights"]
+    assert w["activations"]["shape"] == [16, 64] and len(w["activations"]["sha256"]) == 64
+    code, _, err = run_cli("run", "--activations", tmp_path / "x.npy", "--op", "kda.gate")
+    assert code == 2 and "--activations needs --weights" in err

@@ -58,7 +58,7 @@ def from_file(p, w, gen, *, device, dtype):
     H, K, V = kda_weights.heads_of(w)
     N, S = p["batch"], POOL_FACTOR * p["batch"]
     return {
-        "x": randn((N, w["q_proj"].shape[1]), gen, dtype=dtype, device=device),
+        "x": kda_weights.draw_x(w, N, gen, dtype, device),
         "conv_state_pool": kda_weights.conv_history(w, S, gen, dtype, device),
         "state_pool": randn((S, H, K, V), gen, device=device, std=0.5),
         "slots": torch.randperm(S, generator=gen, device=device)[:N].to(torch.int32),

@@ -61,7 +61,7 @@ def from_file(p, w, gen, *, device, dtype):
     H, K, V = kda_weights.heads_of(w)
     N = len(lengths)
     return {
-        "x": randn((sum(lengths), w["q_proj"].shape[1]), gen, dtype=dtype, device=device),
+        "x": kda_weights.draw_x(w, sum(lengths), gen, dtype, device),
         "cu_seqlens": bc.cu_seqlens(lengths, device),
         "conv_state": kda_weights.conv_history(w, N, gen, dtype, device),
         "recurrent_state": randn((N, H, K, V), gen, device=device, std=0.5),

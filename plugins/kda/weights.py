@@ -46,13 +46,22 @@ def binding(make_inputs, **axes):
     return FromWeights("kda", fixed_axes(**axes), from_file)
 
 
+def draw_x(w, T, gen, dtype, device):
+    """x [T, D]: rows of the captured activations (--activations), else N(0, 1) (RMS-normed hidden states)."""
+    from spark_bench.inputs import randn
+    from spark_bench.weights import active
+
+    src = active()
+    if src is not None and src.activations is not None:
+        return src.activation_rows(T, gen, dtype, device)
+    return randn((T, w["q_proj"].shape[1]), gen, dtype=dtype, device=device)
+
+
 def tokens(w, T, gen, dtype, device):
-    """x [T, D] ~ N(0, 1) (RMS-normed hidden states) and its projections through the layer's weights."""
+    """x [T, D] (draw_x) and its projections through the layer's weights."""
     from spark_bench.plugins.kda.block_common import projections
 
-    from spark_bench.inputs import randn
-
-    x = randn((T, w["q_proj"].shape[1]), gen, dtype=dtype, device=device)
+    x = draw_x(w, T, gen, dtype, device)
     return {"x": x, **projections({"x": x, **w})}
 
 

@@ -224,8 +224,11 @@ def routing_axis(quick) -> Axis:
 
 
 def layer_activations(src, T: int, gen: torch.Generator, dtype, device) -> torch.Tensor:
-    """x [T, D] as the layer's MoE sees it: Gaussian rows at unit RMS (the pre-MoE RMSNorm) times the norm weight
-    when the file has it (post_attention_layernorm / ffn_norm)."""
+    """x [T, D] as the layer's MoE sees it: rows of the captured activations (--activations, used as given), else
+    Gaussian rows at unit RMS (the pre-MoE RMSNorm) times the norm weight when the file has it
+    (post_attention_layernorm / ffn_norm)."""
+    if src.activations is not None:
+        return src.activation_rows(T, gen, dtype, device)
     router = src.moe_part("router", device)
     x = randn((T, router["gate_w"].shape[1]), gen, device=device)
     x = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6)

@@ -50,6 +50,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("--spark-layer", type=int, default=None, metavar="N", help="The layer of --spark-weights to benchmark.")
     add("--spark-routing", default=None, metavar="FILE",
         help="Expert ids per token to replay (.npy/.jsonl): the routing axis value `file`.")
+    add("--spark-activations", default=None, metavar="FILE",
+        help="Captured activations (.npy [tokens, hidden]) fed to the --spark-weights layer's ops as x.")
     add("--spark-fingerprint-mismatch", choices=MISMATCH_POLICIES, default=None,
         help="When --benchmark-compare loads a baseline measured on another device fingerprint: warn (default) or "
              "fail before running anything.")
@@ -134,7 +136,7 @@ class SparkState:
 
         opt = self.config.getoption
         try:
-            spec = make_spec(opt("spark_weights"), opt("spark_layer"), opt("spark_routing"))
+            spec = make_spec(opt("spark_weights"), opt("spark_layer"), opt("spark_routing"), opt("spark_activations"))
             return describe(spec) if spec else None
         except WeightError:  # reported (as a usage error) where the cases are collected
             return None

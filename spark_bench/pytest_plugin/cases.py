@@ -68,7 +68,8 @@ def sweep_cases(state: Any) -> list[Any]:
                          overrides=overrides, dtypes=_split(opt("spark_dtype")), device=state.device,
                          quick=opt("spark_quick") or (state.device == "cpu" and not opt("spark_full")),
                          seed=opt("spark_seed"),
-                         weights=make_spec(opt("spark_weights"), opt("spark_layer"), opt("spark_routing")))
+                         weights=make_spec(opt("spark_weights"), opt("spark_layer"), opt("spark_routing"),
+                                           opt("spark_activations")))
         cases = build_cases(state.registry(), spec)
     except UsageError as exc:
         raise pytest.UsageError(f"spark-bench: {exc}") from None

@@ -105,5 +105,6 @@ def _weights_id(fp: dict[str, Any]) -> str | None:
     if not w:
         return None
     routing = (w.get("routing") or {}).get("sha256")
+    acts = (w.get("activations") or {}).get("sha256")
     return (f"{w.get('path')} layer {w.get('layer')} sha256 {str(w.get('sha256'))[:12]}"
-            + (f" routing {str(routing)[:12]}" if routing else ""))
+            + (f" routing {str(routing)[:12]}" if routing else "") + (f" activations {str(acts)[:12]}" if acts else ""))

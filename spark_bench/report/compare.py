@@ -175,7 +175,8 @@ def weights_identity(run: RunData) -> dict[str, Any] | None:
     if not w:
         return None
     return {"layer_sha256": w.get("sha256"), "layer": w.get("layer"),
-            "routing_sha256": (w.get("routing") or {}).get("sha256")}
+            "routing_sha256": (w.get("routing") or {}).get("sha256"),
+            "activations_sha256": (w.get("activations") or {}).get("sha256")}
 
 
 def check_same_weights(base: RunData, new: RunData) -> None:

@@ -85,7 +85,7 @@ def calibrate(device: str | None, as_json: bool, cache: Path | None, force: bool
 @weight_options
 def profile(op_name: str, backend: str, sets: tuple[str, ...], dtype: str | None, device: str | None,
             out: Path | None, iters: int, ncu: bool, weights: Path | None, layer: int | None,
-            routing: Path | None) -> None:
+            routing: Path | None, activations: Path | None) -> None:
     """Profile one case with torch.profiler: trace.json (Chrome/Perfetto) and a per-kernel time breakdown."""
     from spark_bench.telemetry.profile import ProfileError, format_rows, profile_case, resolve_case, run_ncu
 
@@ -98,7 +98,7 @@ def profile(op_name: str, backend: str, sets: tuple[str, ...], dtype: str | None
                 raise ProfileError("ncu (Nsight Compute) is not on PATH; install it or drop --ncu")
             if not device.startswith("cuda"):
                 raise ProfileError("--ncu needs a CUDA device (--device cuda)")
-        spec = make_spec(weights, layer, routing)
+        spec = make_spec(weights, layer, routing, activations)
         resolve_case(op_name, backend, sets, dtype, device, weights=spec)  # validate before anything runs
         out = out or Path("results/profile") / f"{op_name}-{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
         summary = profile_case(op_name, backend, sets=sets, dtype=dtype, device=device, out_dir=out, iters=iters,

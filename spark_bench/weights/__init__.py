@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from spark_bench.weights.formats import WeightError, open_weights
@@ -56,16 +57,20 @@ class FromWeights:
     redraw: Callable[..., dict[str, Any]] | None = None
 
 
-def make_spec(path: str | None, layer: int | None, routing: str | None) -> dict[str, Any] | None:
+def make_spec(path: str | None, layer: int | None, routing: str | None,
+              activations: str | None = None) -> dict[str, Any] | None:
     """The weight spec of the command-line options (absolute paths), or None when none is given."""
-    if path is None and routing is None:
-        if layer is not None:
-            raise WeightError("--layer needs --weights PATH")
-        return None
     if path is None and layer is not None:
         raise WeightError("--layer needs --weights PATH")
-    return {"path": str(Path(path).resolve()) if path else None, "layer": layer,
+    if path is None and activations is not None:
+        raise WeightError("--activations needs --weights PATH (captured activations are fed to a layer)")
+    if path is None and routing is None:
+        return None
+    spec = {"path": str(Path(path).resolve()) if path else None, "layer": layer,
             "routing": str(Path(routing).resolve()) if routing else None}
+    if activations is not None:
+        spec["activations"] = str(Path(activations).resolve())
+    return spec
 
 
 class LayerSource:
@@ -74,6 +79,7 @@ class LayerSource:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = dict(spec)
         self.routing = load_routing(spec["routing"]) if spec.get("routing") else None
+        self.activations = load_activations(spec["activations"]) if spec.get("activations") else None
         self.reader = None
         self.kda: KdaPlan | None = None
         self.moe: MoePlan | None = None
@@ -141,6 +147,16 @@ class LayerSource:
             self._loaded[key] = {k: (v.to(device) if v is not None else None) for k, v in cpu.items()}
         return self._loaded[key]
 
+    def activation_rows(self, T: int, gen: torch.Generator, dtype, device) -> torch.Tensor:
+        """T rows of the captured activations, from an offset drawn from `gen` (wrapping around the file)."""
+        from spark_bench.dtypes import torch_dtype
+
+        n = self.activations.shape[0]
+        offset = int(torch.randint(0, n, (1,), generator=gen, device=gen.device).item())
+        rows = (torch.arange(T) + offset) % n
+        x = torch.from_numpy(np.ascontiguousarray(self.activations[rows.numpy()]))
+        return x.to(device=device, dtype=torch_dtype(dtype))
+
     # --- the fingerprint ------------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """What the run's fingerprint records: the file(s), sizes, the layer, its tensors and their content hash."""
@@ -164,7 +180,28 @@ class LayerSource:
             })
         if self.routing is not None:
             out["routing"] = self.routing.describe()
+        if self.activations is not None:
+            from spark_bench.weights.routing import file_sha256
+
+            path = Path(self.spec["activations"])
+            out["activations"] = {"path": str(path), "size_bytes": path.stat().st_size, "sha256": file_sha256(path),
+                                  "shape": list(self.activations.shape)}
         return out
+
+
+def load_activations(path: str) -> np.ndarray:
+    """A captured activation file: a float .npy [tokens, hidden], memory-mapped."""
+    p = Path(path)
+    if not p.is_file():
+        raise WeightError(f"activation file {p}: no such file")
+    try:
+        x = np.load(p, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise WeightError(f"activation file {p}: not a readable .npy array ({' '.join(str(exc).split())})") from None
+    if x.ndim != 2 or x.shape[0] == 0 or not np.issubdtype(x.dtype, np.floating):
+        raise WeightError(f"activation file {p}: expected a float array [tokens, hidden], got {x.dtype} "
+                          f"{list(x.shape)}")
+    return x
 
 
 def _ranges(layers: list[int]) -> str:
@@ -173,7 +210,7 @@ def _ranges(layers: list[int]) -> str:
 
 
 def _key(spec: dict[str, Any]) -> str:
-    return json.dumps({k: spec.get(k) for k in ("path", "layer", "routing")}, sort_keys=True)
+    return json.dumps({k: spec.get(k) for k in ("path", "layer", "routing", "activations")}, sort_keys=True)
 
 
 @functools.lru_cache(maxsize=4)

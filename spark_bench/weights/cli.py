@@ -12,7 +12,9 @@ __all__ = ["make_spec", "weight_options"]
 
 
 def weight_options(fn):
-    """--weights PATH, --layer N, --routing FILE (docs/weights.md)."""
+    """--weights PATH, --layer N, --routing FILE, --activations FILE (docs/weights.md)."""
+    fn = click.option("--activations", "activations", type=click.Path(path_type=Path), default=None, metavar="FILE",
+                      help="Captured activations (.npy [tokens, hidden]) fed to the layer's ops as x.")(fn)
     fn = click.option("--routing", "routing", type=click.Path(path_type=Path), default=None, metavar="FILE",
                       help="Expert ids per token to replay (.npy [T, K] or .jsonl): routing axis value `file`.")(fn)
     fn = click.option("--layer", type=int, default=None, metavar="N",

@@ -52,6 +52,10 @@ def bind(ops: list, spec: Any, typed_overrides) -> tuple[list, dict[str, dict[st
                                       f"({src.where}); drop --set {axis}")
                 axes[axis] = [value]
             _router_axes(op, src, spec, axes)
+            hidden = src.shapes(op.from_weights.family)["hidden"]
+            if src.activations is not None and src.activations.shape[1] != hidden:
+                raise WeightError(f"activation file {src.spec['activations']}: rows of {src.activations.shape[1]}, "
+                                  f"but {src.where} has hidden = {hidden}")
         if "routing" in op.axis_names:
             _routing(op, src, spec, axes, typed_overrides)
         kept.append(op)
