@@ -18,31 +18,33 @@ def _one_error_line(proc):
     return lines[0]
 
 
-def test_a_second_run_of_a_live_run_directory_is_refused(tmp_path, fault_env):
-    out = tmp_path / "run"
-    env = {**fault_env, "FAULT_SLOW_S": "0.5"}
-    sweep = ["--op", "fault.scale", "--backend", "slow", "--quick", "--set", "rows=3,5,7,9,11,13", "--no-report"]
+def test_a_second_run_of_a_live_run_directory_is_refused(tmp_path, hostile_env):
+    out, gate = tmp_path / "run", tmp_path / "gate"
+    gate.write_text("")  # the first run's backend blocks while this file exists
+    env = {**hostile_env, "HOSTILE_GATE": str(gate)}
+    sweep = ["--op", "hostile.gate", "--quick", "--no-report"]
     first = subprocess.Popen(spark_bench_cmd("run", *sweep, "--out", out), env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline and not _lines(out / "results.jsonl") and first.poll() is None:
+        deadline = time.time() + 600
+        while time.time() < deadline and not (out / "run.json").exists() and first.poll() is None:
             time.sleep(0.05)
         assert first.poll() is None, "the first run must still be going"
         both = [subprocess.Popen(spark_bench_cmd("run", *args), env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
                 for args in (["--resume", out, "--no-report"], [*sweep, "--out", out])]
         resume, again = (subprocess.CompletedProcess(p.args, p.wait(timeout=600), *p.communicate()) for p in both)
-        assert first.poll() is None, "the first run must outlive the two refused ones"
+        assert first.poll() is None, "the first run is held at its gate until both were refused"
     finally:
+        gate.unlink(missing_ok=True)
         stdout, stderr = first.communicate(timeout=600)
     assert first.returncode == 0, stdout + stderr
     for proc in (resume, again):
         line = _one_error_line(proc)
         assert f"in use by pid {first.pid} " in line, line
     records = _lines(out / "results.jsonl")
-    assert len(records) == len({r["case_id"] for r in records}) == 6  # journalled once each
-    assert json.loads((out / "run.json").read_text())["summary"]["cases"] == 6
+    assert len(records) == len({r["case_id"] for r in records}) == 2  # journalled once each
+    assert json.loads((out / "run.json").read_text())["summary"]["cases"] == 2
 
 
 def _alive(pid):

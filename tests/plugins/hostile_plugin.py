@@ -186,3 +186,16 @@ def noisy(x):
 @logs.backend("quiet_segfault")
 def quiet_segfault(x):
     ctypes.string_at(0)
+
+
+# --- item 1: a run that lasts exactly as long as a test wants -----------------------------------------------------
+gate = _op("hostile.gate", rows=(3, 5))
+
+
+@gate.backend("wait_for_file")
+def wait_for_file(x):
+    """Correct; blocks while the file HOSTILE_GATE exists (the test removes it to let the run finish)."""
+    marker = os.environ.get("HOSTILE_GATE")
+    while marker and os.path.exists(marker):
+        time.sleep(0.05)
+    return 2 * x
