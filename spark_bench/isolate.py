@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 PROBE_TIMEOUT_S = float(os.environ.get("SPARK_BENCH_PROBE_TIMEOUT", "60"))
+STARTUP_S = 300.0  # the isolated prober's start-up (imports) on a loaded machine, as a worker's
 Key = tuple[str, str]  # (op, backend)
 
 
@@ -71,7 +72,7 @@ def probe_isolated(keys: Iterable[Key], device: str, timeout_s: float = PROBE_TI
         proc.start()
         child.close()
         current: Key | None = None
-        deadline = time.monotonic() + max(timeout_s, 1.0) + 60  # the first answer waits for the plugins to import
+        deadline = time.monotonic() + STARTUP_S  # the first answer waits for torch and the plugins to import
         failure: str | None = None
         while True:
             remaining = deadline - time.monotonic()
