@@ -13,8 +13,16 @@ import torch
 import triton
 import triton.language as tl
 from spark_bench.kernels.common import INTERPRET, next_pow2, round_bf16, rounds_bf16
+from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.moe.align import moe_align
 
+# The grouped (prefill) GEMMs: BN x BK tiles (BM follows the routing load). On sm_90a (triton 3.6) with D or I not
+# a multiple of 16, BM = 64 spilled 92-556 B at 4 warps and BM = 16 spilled 12 B at 8: warps follow BM.
+GROUPED_CONFIGS = declare(ConfigSpace(
+    "moe.experts._grouped", key=("BM", "D", "I"), default={"BN": 64, "BK": 64, "num_warps": 8},
+    buckets=[({"BM": 32}, {"BN": 64, "BK": 64, "num_warps": 4})],
+    candidates=[{"BN": 128, "BK": 64, "num_warps": 8, "num_stages": 3},
+                {"BN": 128, "BK": 64, "num_warps": 8, "num_stages": 4}]))
 DECODE_MAX_SLOTS = 64  # GEMV path while T*K <= 64 and <= 2 E (few re-reads of an expert); untuned: check on GPU
 
 
@@ -157,14 +165,15 @@ def _grouped(x, topk_ids, topk_weights, w13, w2, block_m):
     h = torch.empty((T * K, I), dtype=x.dtype, device=x.device)
     y_slots = torch.empty((T * K, D), dtype=x.dtype, device=x.device)
     y = torch.empty((T, D), dtype=x.dtype, device=x.device)
-    BN, BK = (_block(I, 128), _block(D, 128)) if INTERPRET else (64, 64)
+    meta, options = split(GROUPED_CONFIGS.pick(BM=block_m, D=D, I=I))
+    BN, BK = (_block(I, 128), _block(D, 128)) if INTERPRET else (meta["BN"], meta["BK"])
     _grouped_swiglu[(tiles, triton.cdiv(I, BN))](x, w13, h, sorted_ids, expert_ids, num_post, D, I, T * K, K=K,
                                                  BM=block_m, BN=BN, BK=BK, UPCAST_DOT=INTERPRET,
-                                                 RNE=rounds_bf16(h.dtype))
-    BN, BK = (_block(D, 128), _block(I, 128)) if INTERPRET else (64, 64)
+                                                 RNE=rounds_bf16(h.dtype), **options)
+    BN, BK = (_block(D, 128), _block(I, 128)) if INTERPRET else (meta["BN"], meta["BK"])
     _grouped_down[(tiles, triton.cdiv(D, BN))](h, w2, topk_weights, y_slots, sorted_ids, expert_ids, num_post, D,
                                                I, T * K, BM=block_m, BN=BN, BK=BK, UPCAST_DOT=INTERPRET,
-                                               RNE=rounds_bf16(y_slots.dtype))
+                                               RNE=rounds_bf16(y_slots.dtype), **options)
     BT, BD = (_block(T, 64), _block(D, 256)) if INTERPRET else (16, 128)
     _sum_slots[(triton.cdiv(T, BT), triton.cdiv(D, BD))](y_slots, y, T, D, K=K, BT=BT, BD=BD,
                                                           RNE=rounds_bf16(y.dtype))
