@@ -19,7 +19,6 @@ from spark_bench.options import check_run_options, refuse_sweep_options_with_res
 from spark_bench.report.cli import compare, report
 from spark_bench.sweep import SweepSpec, UsageError, parse_set
 from spark_bench.telemetry.cli import calibrate, profile
-from spark_bench.timing import config_for
 from spark_bench.weights.cli import make_spec, weight_options
 
 RESULTS_ROOT = Path("results")
@@ -175,6 +174,8 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
                          dtypes=[d for text in dtypes for d in text.split(",") if d], device=device,
                          quick=quick or (device == "cpu" and not full), seed=seed,
                          weights=make_spec(weights, layer, routing, activations))
+        from spark_bench.timing import config_for  # torch: imported once a run starts, not for every command
+
         cfg = config_for(device, quick, max_time_s=max_time, min_samples=min_samples, target_rel_ci=target_ci,
                          flush=False if no_flush else None, mode=timer)
     executor = make_executor(executor_kind, device=spec.device, devices=devices, ray_address=ray_address,

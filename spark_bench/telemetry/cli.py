@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from spark_bench.weights.cli import make_spec, weight_options
-from spark_bench.weights.formats import WeightError
+from spark_bench.weights.errors import WeightError
 
 
 def _fail(message: str) -> None:

@@ -6,9 +6,14 @@ from pathlib import Path
 
 import click
 
-from spark_bench.weights import make_spec
-
 __all__ = ["make_spec", "weight_options"]
+
+
+def make_spec(*args, **kwargs):
+    """spark_bench.weights.make_spec, imported when called (it needs torch; declaring the options does not)."""
+    from spark_bench.weights.layer import make_spec as make
+
+    return make(*args, **kwargs)
 
 
 def weight_options(fn):

@@ -22,14 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from spark_bench.sweep import UsageError
+from spark_bench.weights.errors import WeightError
 
 GGUF_MAGIC = b"GGUF"
 INDEX_SUFFIX = ".index.json"
-
-
-class WeightError(UsageError):
-    """A weight or routing file that cannot be used: the message is one line naming the file and the problem."""
 
 
 @dataclasses.dataclass(frozen=True)
