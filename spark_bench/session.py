@@ -102,7 +102,8 @@ class Session:
         for warning in (check or {}).get("warnings", []):
             console(stderr=True).print(f"warning: {warning}", markup=False)
         store.create({
-            "run_id": run_id, "created": results.now(), "finished": None, "fingerprint": fingerprint(spec.device),
+            "run_id": run_id, "created": results.now(), "finished": None,
+            "fingerprint": fingerprint(spec.device, weights=spec.weights),  # with --weights: the file and layer hash
             "command": list(command), "spec": {**spec.to_dict(), "timing": cfg.to_dict(), "timeout_s": timeout_s},
             # measured once per device fingerprint (cached; `spark-bench calibrate --force` re-measures)
             "roofline": roofline_for(spec.device, measure=True), "preflight": check, "summary": None,
