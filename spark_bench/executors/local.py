@@ -227,14 +227,15 @@ class WorkerSlot:
 
     def _run_case(self, worker: Worker, case: Case, on_phase: PhaseFn) -> dict[str, Any]:
         message = ("case", case.to_dict(), self.ctx.cfg.to_dict(), self.ctx.n_sets)
+        log_start = _size(worker.log_path)  # this case's part of the worker's log (stdout and stderr), taken first
         try:
             worker.conn.send(message)
         except (OSError, ValueError):  # the idle worker died since the last case: start another
             self.retire()
             worker = self._worker()
+            log_start = 0
             worker.conn.send(message)
         timeout_s = self.ctx.timeout_s
-        log_start = _size(worker.log_path)  # this case's part of the worker's log (stdout and stderr)
         phase, deadline = "queued", time.monotonic() + timeout_s
         while True:
             msg = worker.receive(deadline - time.monotonic())
