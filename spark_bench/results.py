@@ -58,7 +58,7 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "extra": (dict, _NONE), "power": (dict, _NONE), "roofline": (dict, _NONE), "duration_s": (*_NUMBER, _NONE),
     "recompiles_during_timing": (int, _NONE), "started": (str, _NONE), "phase": (str, _NONE),
     "worker_log_tail": (str, _NONE), "host": (str, _NONE), "worker": (str, _NONE), "executor": (str, _NONE),
-    "memory": (dict, _NONE),
+    "memory": (dict, _NONE), "config": (dict, _NONE), "config_source": (dict, _NONE),
 }
 REQUIRED = ("case_id", "op", "backend", "params", "dtype", "device", "status")
 RUN_FIELDS: dict[str, tuple[type, ...]] = {

@@ -34,10 +34,17 @@ class Case:
     seed: int
     skip: str | None = None  # why the backend cannot run here: recorded as `skipped`, never run
     weights: dict[str, Any] | None = None  # the weight/routing source (spark_bench.weights), loaded in the worker
+    configs: dict[str, dict[str, Any]] | None = None  # kernel -> forced config (a `tune` candidate; in the case id)
+    tuned: dict[str, Any] | None = None  # a tuned-config table the kernels look their configs up in (`run --tuned`)
 
     @property
     def case_id(self) -> str:
-        return case_id(self.op, self.backend, self.params, self.dtype, self.device)
+        base = case_id(self.op, self.backend, self.params, self.dtype, self.device)
+        if not self.configs:
+            return base
+        from spark_bench.tune.space import config_id
+
+        return base + "|" + ";".join(f"{k}:{config_id(self.configs[k])}" for k in sorted(self.configs))
 
     @property
     def group(self) -> str:
@@ -63,6 +70,7 @@ class SweepSpec:
     quick: bool = False
     seed: int = 0
     weights: dict[str, Any] | None = None  # --weights/--layer/--routing (spark_bench.weights.make_spec)
+    tuned: dict[str, Any] | None = None  # --tuned: {"path", "data"} of the tuned-config table (spark_bench.tune)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -173,8 +181,8 @@ def build_cases(reg: Registry, spec: SweepSpec) -> list[Case]:
                            preset=spec.preset)
         for dtype in _dtypes(op, spec):
             for params in points:
-                group = [Case(op.name, b.name, params, dtype, spec.device, spec.seed, reasons[b.name], spec.weights)
-                         for b in backends]
+                group = [Case(op.name, b.name, params, dtype, spec.device, spec.seed, reasons[b.name], spec.weights,
+                              tuned=(spec.tuned or {}).get("data")) for b in backends]
                 random.Random(f"{spec.seed}|{group[0].group if group else ''}").shuffle(group)
                 cases.extend(group)
     return cases

@@ -52,6 +52,7 @@ class CaseRunner:
         self.reg = reg
         self.phase = phase
         self._cache: tuple[str, list[dict[str, Any]], Any, dict[str, Any]] | None = None
+        self._tuned: tuple[dict[str, Any], Any] | None = None
 
     def _inputs(self, op, case: Case, n_sets: int):
         from spark_bench.check import clone_inputs
@@ -76,6 +77,16 @@ class CaseRunner:
         self._cache = (case.group, sets, ref, extra)
         return sets, ref, extra
 
+    def _table(self, data: dict[str, Any] | None):
+        """The tuned-config table of `run --tuned` (built once per worker)."""
+        if data is None:
+            return None
+        if self._tuned is None or self._tuned[0] is not data:
+            from spark_bench.tune.store import TunedStore
+
+            self._tuned = (data, TunedStore(data))
+        return self._tuned[1]
+
     def run(self, case: Case, cfg: TimingConfig, n_sets: int = 4) -> dict[str, Any]:
         started, t0 = results.now(), time.perf_counter()
         record: dict[str, Any] = {
@@ -87,9 +98,10 @@ class CaseRunner:
         }
         memory = _memory_start(case.device)
         try:
+            from spark_bench.tune.space import applied
             from spark_bench.weights import using  # --weights: the ops build their inputs from the file's layer
 
-            with using(case.weights):
+            with using(case.weights), applied(case.configs, self._table(case.tuned)):
                 self._run(case, cfg, n_sets, record)
         except BaseException as exc:  # noqa: BLE001 - every failure of a case is recorded, never raised
             if isinstance(exc, KeyboardInterrupt):
@@ -107,6 +119,7 @@ class CaseRunner:
         from spark_bench.check import check_outputs, clone_inputs, poisoned_allocations
         from spark_bench.compiled import compile_count
         from spark_bench.timing import measure
+        from spark_bench.tune.space import recording, summarize
 
         op = self.reg.get(case.op)
         backend = op.backends[case.backend]
@@ -124,9 +137,11 @@ class CaseRunner:
 
         self.phase(case.case_id, "check")
         check_inputs = clone_inputs(sets[0])
-        with poisoned_allocations(patch_torch=not backend.traced):
+        with poisoned_allocations(patch_torch=not backend.traced), recording() as picks:
             out = fn(**check_inputs)
             _sync(case.device)
+        if picks:  # which config each declared kernel ran with, and why (spark_bench/tune/space.py)
+            record["config"], record["config_source"] = summarize(picks)
         record["check"] = check_outputs(op, out, ref, check_inputs, case.dtype, pristine=sets[0], backend=case.backend)
         del out, check_inputs
         if not record["check"]["ok"]:

@@ -1,0 +1,154 @@
+"""Declared launch configurations: each kernel's tunable parameters as data, not constants in its wrapper.
+
+A `ConfigSpace` names the kernel, the shape parameters that can change the best choice (`key`), a small list of
+candidate configs and the default (the one chosen on paper, checked offline for sm_90a by `spark-bench kernels`: it
+compiles, fits in shared memory and does not spill). A config is a dict of the kernel's tunable constexprs plus
+`num_warps` / `num_stages`. `buckets` refine the default by key: the first (bounds, config) whose bounds all hold
+(`shape[k] <= bound`) wins.
+
+Wrappers launch with `space.pick(**key)`. What it returns, in order: a forced config (`spark-bench tune` timing one
+candidate: source "candidate"), the nearest entry of an installed tuned table (`run --tuned`: "tuned"), else the
+bucket or default ("default"). While `recording()` is active every pick is logged with its key and source, which is
+how a result says which config ran and how `tune` learns which kernels a backend launches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+LAUNCH_OPTIONS = ("num_warps", "num_stages")
+SOURCES = ("candidate", "tuned", "default")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigSpace:
+    kernel: str
+    default: Mapping[str, Any]
+    candidates: Sequence[Mapping[str, Any]] = ()
+    key: Sequence[str] = ()
+    buckets: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]] = ()
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        known = [dict(c) for c in self.candidates]
+        extra = [dict(c) for c in [self.default, *(cfg for _, cfg in self.buckets)] if dict(c) not in known]
+        object.__setattr__(self, "candidates", [*{config_id(c): c for c in extra + known}.values()])
+        for bounds, _ in self.buckets:
+            unknown = set(bounds) - set(self.key)
+            if unknown:
+                raise ValueError(f"{self.kernel}: bucket bounds {sorted(unknown)} are not key parameters {self.key}")
+
+    def declared(self, **key: Any) -> dict[str, Any]:
+        """The declared choice at these key values: the first bucket whose bounds hold, else the default."""
+        for bounds, config in self.buckets:
+            if all(k in key and key[k] <= v for k, v in bounds.items()):
+                return dict(config)
+        return dict(self.default)
+
+    def pick(self, **key: Any) -> dict[str, Any]:
+        """The config for a launch at these key values (forced, tuned, else declared; see the module doc)."""
+        key = {k: key[k] for k in self.key if k in key} or dict(key)
+        config, source = _STATE.forced.get(self.kernel), "candidate"
+        if config is None and _STATE.table is not None:
+            config, source = _STATE.table.lookup(self.kernel, key), "tuned"
+        if config is None:
+            config, source = self.declared(**key), "default"
+        config = dict(config)
+        if _STATE.log is not None:
+            _STATE.log.append({"kernel": self.kernel, "key": key, "config": config, "source": source})
+        return config
+
+
+def config_id(config: Mapping[str, Any]) -> str:
+    """A config's stable name, e.g. 'BK=64,BV=32,num_warps=4' (constexprs sorted, launch options last)."""
+    meta, options = split(config)
+    return ",".join(f"{k}={config[k]}" for k in [*sorted(meta), *sorted(options)])
+
+
+def split(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(constexprs, launch options) of a config."""
+    meta = {k: v for k, v in config.items() if k not in LAUNCH_OPTIONS}
+    return meta, {k: v for k, v in config.items() if k in LAUNCH_OPTIONS}
+
+
+def key_id(key: Mapping[str, Any]) -> str:
+    return json.dumps({k: key[k] for k in sorted(key)}, separators=(",", ":"), default=str)
+
+
+def key_distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
+    """How far two keys are: inf unless they name the same parameters with the same non-numeric values; else the sum
+    of |log2| ratios of the numeric ones (a tuned 4096-token entry is nearer to 3000 tokens than a 64-token one)."""
+    if set(a) != set(b):
+        return math.inf
+    dist = 0.0
+    for k, va in a.items():
+        vb = b[k]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
+        if not numeric:
+            if va != vb:
+                return math.inf
+            continue
+        dist += abs(math.log2(max(float(va), 0.0) + 1.0) - math.log2(max(float(vb), 0.0) + 1.0))
+    return dist
+
+
+SPACES: dict[str, ConfigSpace] = {}
+
+
+def declare(space: ConfigSpace) -> ConfigSpace:
+    """Register a kernel's space (kernels declare theirs at import) and return it."""
+    SPACES[space.kernel] = space
+    return space
+
+
+class _State:
+    """What `pick` consults, for this process (a worker runs one case at a time)."""
+
+    def __init__(self) -> None:
+        self.forced: dict[str, Mapping[str, Any]] = {}
+        self.table: Any = None  # anything with .lookup(kernel, key) -> config | None (spark_bench.tune.store)
+        self.log: list[dict[str, Any]] | None = None
+
+
+_STATE = _State()
+
+
+@contextlib.contextmanager
+def applied(forced: Mapping[str, Mapping[str, Any]] | None = None, table: Any = None) -> Iterator[None]:
+    """Within: `pick` returns `forced[kernel]` for those kernels, else the table's nearest entry, else the declared
+    choice."""
+    saved = (_STATE.forced, _STATE.table)
+    _STATE.forced, _STATE.table = dict(forced or {}), table
+    try:
+        yield
+    finally:
+        _STATE.forced, _STATE.table = saved
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[dict[str, Any]]]:
+    """Within: every pick appends {kernel, key, config, source} to the yielded list."""
+    saved, _STATE.log = _STATE.log, []
+    try:
+        yield _STATE.log
+    finally:
+        _STATE.log = saved
+
+
+def summarize(picks: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, str]]:
+    """A result's `config` (kernel -> the config that ran; a list when one case launched it with several) and
+    `config_source` (kernel -> candidate / tuned / default) from the picks recorded during one call."""
+    configs: dict[str, list[dict[str, Any]]] = {}
+    sources: dict[str, str] = {}
+    for p in picks:
+        seen = configs.setdefault(p["kernel"], [])
+        if p["config"] not in seen:
+            seen.append(p["config"])
+        old = sources.get(p["kernel"])
+        sources[p["kernel"]] = p["source"] if old in (None, p["source"]) else "mixed"
+    return {k: v[0] if len(v) == 1 else v for k, v in configs.items()}, sources
