@@ -37,6 +37,7 @@ def clip_params(params: dict[str, Any], width: int = 60) -> str:
 
 
 def fmt_num(value: float | None, digits: int = 3) -> str:
+    """`digits` significant digits, so a small value never reads as zero (0.00146, not 0.0); '-' for None."""
     if value is None:
         return "-"
     if value == 0:
@@ -46,11 +47,16 @@ def fmt_num(value: float | None, digits: int = 3) -> str:
     return f"{value:.{digits}g}"
 
 
+def fmt_pct(value: float | None, digits: int = 3) -> str:
+    """A percentage with significant digits: '45.7%', '0.0123%' (never '0.0%' for a real small value)."""
+    return f"{fmt_num(value, digits)}%" if value is not None else "-"
+
+
 def latency_cell(rec: dict[str, Any]) -> str:
     t = rec.get("timing")
     if not t:
         return "-"
-    spread = f" ±{100 * t['rel_ci']:.1f}%" if t.get("rel_ci") is not None else ""
+    spread = f" ±{fmt_pct(100 * t['rel_ci'], 2)}" if t.get("rel_ci") is not None else ""
     return f"{fmt_num(t['median'], 4)}{spread}"
 
 
@@ -58,7 +64,7 @@ def results_table(records: Sequence[dict[str, Any]], title: str = "", limit: int
     table = Table(title=title or None, show_lines=False, header_style="bold")
     for col, justify in [("op", "left"), ("backend", "left"), ("params", "left"), ("dtype", "left"),
                          ("status", "left"), ("median µs", "right"), ("GB/s", "right"), ("TFLOP/s", "right"),
-                         ("err ratio", "right"), ("timer / labels", "left")]:
+                         ("err ratio", "right"), ("peak MB", "right"), ("timer / labels", "left")]:
         table.add_column(col, justify=justify, overflow="fold")
     shown = sorted((r for r in records if r["status"] != "skipped"),  # skipped ones are listed under "Not measured"
                    key=lambda r: (r["op"], r["dtype"], [str(v).zfill(12) for v in r["params"].values()], r["backend"]))
@@ -69,10 +75,22 @@ def results_table(records: Sequence[dict[str, Any]], title: str = "", limit: int
         labels = ", ".join([timer, *rec.get("labels", [])]).strip(", ")
         table.add_row(escape(rec["op"]), escape(rec["backend"]), escape(fmt_params(rec["params"])), rec["dtype"],
                       f"[{STATUS_STYLE.get(status, '')}]{status}[/]", latency_cell(rec), fmt_num(rec.get("gbps")),
-                      fmt_num(rec.get("tflops")), fmt_num(check.get("err_ratio"), 2), escape(labels))
+                      fmt_num(rec.get("tflops")), fmt_num(check.get("err_ratio"), 2), fmt_num(peak_mb(rec)),
+                      escape(labels))
     if len(shown) > limit:
         table.caption = f"{len(shown) - limit} more cases not shown (see the HTML report)"
     return table
+
+
+def peak_mb(rec: dict[str, Any]) -> float | None:
+    """The case's peak memory in MB (`memory` of the record): the device peak on a GPU, else the worker's peak RSS
+    (a high-water mark that includes the worker's earlier cases); None when not recorded."""
+    mem = rec.get("memory") if isinstance(rec.get("memory"), dict) else {}
+    for key in ("device_peak_bytes", "rss_peak_bytes"):
+        value = mem.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value / 1e6
+    return None
 
 
 def failures_table(records: Sequence[dict[str, Any]]) -> Table | None:

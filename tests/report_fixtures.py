@@ -79,7 +79,8 @@ def sweep(rng: np.random.Generator, *, scale: dict[str, float] | None = None, n:
 
 
 def write_run(path: Path, results: list[dict[str, Any]], *, run_id: str = "run-a", device: dict | None = None,
-              fingerprint_id: str = "fp-h200", commit: str = "3f2a1c9d0e", peaks: bool = True) -> Path:
+              fingerprint_id: str = "fp-h200", commit: str = "3f2a1c9d0e", peaks: bool = True,
+              roofline: dict | None = None) -> Path:
     device = device or H200
     run = {
         "run_id": run_id, "created": "2026-11-30T10:15:00+00:00", "finished": "2026-11-30T10:25:00+00:00",
@@ -90,7 +91,8 @@ def write_run(path: Path, results: list[dict[str, Any]], *, run_id: str = "run-a
         "command": ["spark-bench", "run", "--op", "kda.*"],
         "spec": {"ops": ["kda.*", "moe.*"], "quick": False, "seed": 0, "device": "cuda"},
         "roofline": {"measured": {"gbps": 4300.0, "tflops": 780.0} if peaks else None,
-                     "datasheet": {"gbps": 4800.0, "tflops": 989.0} if peaks else None},
+                     "datasheet": {"gbps": 4800.0, "tflops": 989.0} if peaks else None} if roofline is None
+        else roofline,
         "summary": summarize_statuses(results),
     }
     store = RunStore(path)

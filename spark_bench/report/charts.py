@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from spark_bench.console import fmt_num, fmt_pct
 from spark_bench.report.model import (
     NOT_A_CONTENDER,
     RunData,
@@ -90,6 +91,9 @@ class OpCharts:
             first.setdefault(self.combo(r), None)
         self.combos = list(first) or [""]
         self.backends = sorted({str(r.get("backend")) for r in every})
+        # (run index, backend) whose numbers come from the Triton interpreter: every legend says so
+        self.interpreted = {(ri, str(r.get("backend"))) for ri, rs in enumerate(self.per_run) for r in rs
+                            if "interpreted" in (r.get("labels") or [])}
         self.unit = next((timing(r).get("unit", "us") for _, r in timed), "us")
         self.x_log = bool(self.swept) and log_scale(r["params"][self.swept] for _, r in timed)
         self.speedup = [speedups(rs, baseline) for rs in self.per_run]
@@ -115,7 +119,8 @@ class OpCharts:
         return self.swept or "case"
 
     def name(self, backend: str, run_index: int) -> str:
-        return ptext(backend if len(self.runs) == 1 else f"{backend} · {self.runs[run_index].label}")
+        text = backend if len(self.runs) == 1 else f"{backend} · {self.runs[run_index].label}"
+        return ptext(text + (" (interpreted)" if (run_index, backend) in self.interpreted else ""))
 
     def hover(self, r: dict[str, Any], run_index: int) -> str:
         """Everything about one timed case: parameters, statistics, timer, throughput, roofline, energy."""
@@ -126,13 +131,13 @@ class OpCharts:
                  f"  {ptext(r.get('dtype'))}",
                  f"median {med:.4g} {unit}  p10 {t.get('p10', math.nan):.4g}  p90 {t.get('p90', math.nan):.4g}",
                  f"IQR {iqr if iqr is not None else math.nan:.3g}"
-                 + (f" ({100 * iqr / med:.1f}%)" if iqr is not None and med else "")
+                 + (f" ({fmt_pct(100 * iqr / med)})" if iqr is not None and med else "")
                  + f"  n={ptext(t.get('n'))}  timer {ptext(t.get('timer', '?'))}"]
         rates = [f"{v:.4g} {u}" for v, u in ((number(r.get("gbps")), "GB/s"), (number(r.get("tflops")), "TFLOP/s"))
                  if v is not None]
         pct = roofline_pct(r, self.runs[run_index].run)
         if rates or pct:
-            lines.append("  ".join(rates) + (f"  ({pct[0]:.1f}% of {ptext(pct[1])} roof)" if pct else ""))
+            lines.append("  ".join(rates) + (f"  ({fmt_pct(pct[0])} of {ptext(pct[1])} roof)" if pct else ""))
         power = r.get("power") or {}
         if number(power.get("energy_j_per_call")) is not None:
             w = number(power.get("avg_w"))
@@ -176,8 +181,10 @@ class OpCharts:
         if not traces:
             return None
         ys = [y for t in traces for y in t["y"]]
-        layout = _layout(title, self.x_title, y_title, x_log=self.x_log, categorical=not self.swept,
-                         y_log=log_scale(ys) if y_log is None else y_log)
+        if y_log is None:  # one shape per trace (no sweep): bars of backends that differ a lot, a log axis keeps
+            single = not self.swept or len({x for t in traces for x in t["x"]}) == 1  # the fast ones off zero
+            y_log = log_scale(ys) or (single and len({y for y in ys if y > 0}) > 1 and min(ys) > 0)
+        layout = _layout(title, self.x_title, y_title, x_log=self.x_log, categorical=not self.swept, y_log=y_log)
         xs = sorted({x for t in traces for x in t["x"]}) if self.swept else []
         if 1 < len(xs) <= 16:  # tick exactly at the swept values
             layout["xaxis"].update(tickmode="array", tickvals=xs, ticktext=[f"{x:g}" for x in xs])
@@ -242,18 +249,21 @@ class OpCharts:
                 })
         if not traces:
             return None
-        dtype = next((r.get("dtype") for rs in self.per_run for r in rs), None)
-        ridges = [p["tflops"] * 1000.0 / p["gbps"] for run in self.runs for p in peaks(run.run, dtype).values()
-                  if p.get("tflops") and p.get("gbps")]
+        # each dtype's own compute roof: a bf16 op is drawn under the bf16 peak, not the fp32 one
+        dtypes = sorted({str(r.get("dtype")) for rs in self.groups.values() for r in rs})
+        roofs = [(run, d, p) for run in self.runs for d in dtypes for p in [peaks(run.run, d, own=True)]]
+        ridges = [q["tflops"] * 1000.0 / q["gbps"] for _, _, p in roofs for q in p.values()
+                  if q.get("tflops") and q.get("gbps")]
         lo, hi = min(ais + ridges) / 3.0, max(ais + ridges) * 3.0  # the ridge point stays in view
         seen = set()
-        for run in self.runs:
-            for source, p in sorted(peaks(run.run, dtype).items()):
-                key = (source, p.get("gbps"), p.get("tflops"))
+        for run, d, p in roofs:
+            for source, q in sorted(p.items()):
+                key = (source, q.get("gbps"), q.get("tflops"))
                 if key not in seen:
                     seen.add(key)
                     suffix = f" · {run.label}" if len(self.runs) > 1 else ""
-                    traces.append(_roof_trace(p, lo, hi, f"{source} roof{suffix}", source))
+                    what = f"{source} {d} roof" if q.get("tflops") else f"{source} roof"
+                    traces.append(_roof_trace(q, lo, hi, f"{what}{suffix}", source))
         fig = {"data": traces, "layout": _layout("Roofline, all shapes (TFLOP/s vs FLOP/byte)",
                                                  "arithmetic intensity (FLOP / byte)", "TFLOP/s",
                                                  x_log=True, y_log=True)}
@@ -307,7 +317,16 @@ def _roof_trace(p: dict[str, float], lo: float, hi: float, name: str, source: st
     if bw and top:
         xs = sorted(set(xs + [top * 1000.0 / bw]))
     ys = [min(v for v in (top, x * bw / 1000.0 if bw else None) if v is not None) for x in xs]
-    label = ", ".join(x for x in (f"{bw / 1000:.2g} TB/s" if bw else "", f"{top:.0f} TF" if top else "") if x)
+    label = ", ".join(x for x in (rate_text(bw * 1e9, "B/s") if bw else "", rate_text(top * 1e12, "FLOP/s") if top
+                                  else "") if x)
     return {"type": "scatter", "mode": "lines", "name": ptext(f"{name}: {label}"), "x": xs, "y": ys,
             "hoverinfo": "name", "line": {"color": "#444", "width": 1.5, "dash": "solid" if source == "measured"
                                           else "dash"}}
+
+
+def rate_text(per_s: float, unit: str) -> str:
+    """A rate with an SI prefix and 3 significant digits: 1.46 GFLOP/s, 22.5 GB/s, 989 TFLOP/s (never '0 TF')."""
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if per_s >= scale:
+            return f"{fmt_num(per_s / scale)} {prefix}{unit}"
+    return f"{fmt_num(per_s)} {unit}"

@@ -12,11 +12,13 @@ from typing import Any
 
 import plotly.offline
 
+from spark_bench.console import fmt_pct
 from spark_bench.report import tables
 from spark_bench.report.assets import CSS, JS
 from spark_bench.report.charts import OpCharts, palette, ptext
 from spark_bench.report.compare import CaseDiff, compare_runs, tally
 from spark_bench.report.model import RunData, by_op, failure_text, op_summary, params_text, problems, timing
+from spark_bench.report.tuned import tuned_section
 
 COMPARE_THRESHOLD = 0.05
 
@@ -119,6 +121,7 @@ def environment(runs: Sequence[RunData]) -> str:
         row("fingerprint", lambda r: fp(r).get("fingerprint_id") or "?"),
         row("weights", lambda r: weights_text(fp(r).get("weights"))),
         row("cases", summary),
+        row("roofline peaks", calibration),
         row("Triton", lambda r: f"interpreted (TRITON_INTERPRET=1): {interpreted_backends(r)} ran in the Triton "
                                 "interpreter, numbers measure Python, not a kernel" if interpreted_backends(r)
                                 else "compiled"),
@@ -128,6 +131,38 @@ def environment(runs: Sequence[RunData]) -> str:
         return f'<section id="env"><h2>Environment</h2><div class="envgrid">{pairs}</div></section>'
     table = _table([""] + [r.label for r in runs], [[Markup(f"<b>{esc(k)}</b>"), *v] for k, v in rows], "static env")
     return f'<section id="env"><h2>Environment</h2>{table}</section>'
+
+
+def calibration(run: RunData) -> str:
+    """Where the measured roofline peaks come from and how old they were when the run began: they are measured once
+    per device fingerprint and cached (~/.cache/spark-bench/roofline.json), shared by every later run."""
+    roof = run.run.get("roofline") or {}
+    measured, sheet = roof.get("measured") or {}, roof.get("datasheet") or {}
+    parts = []
+    if measured:
+        when, age = measured.get("measured_at"), _age(measured.get("measured_at"), run.run.get("created"))
+        parts.append(f"measured {when or 'at an unknown time'}" + (f", {age} before this run" if age else "")
+                     + " (cached per device fingerprint, shared by later runs; `spark-bench calibrate --force` "
+                       "re-measures)")
+    else:
+        parts.append("not measured")
+    if sheet:
+        parts.append(f"datasheet {sheet.get('name') or ''}".strip())
+    return "; ".join(parts)
+
+
+def _age(then: Any, now: Any) -> str | None:
+    """'3 d 4 h', '2 h 5 min', '40 s' from two ISO-8601 times (with offsets), None when either is unreadable."""
+    try:
+        seconds = (dt.datetime.fromisoformat(str(now)) - dt.datetime.fromisoformat(str(then))).total_seconds()
+    except (TypeError, ValueError):
+        return None
+    seconds = max(0.0, seconds)
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    if days:
+        return f"{days} d {hours} h"
+    return f"{hours} h {rest // 60} min" if hours else (f"{rest // 60} min" if rest >= 60 else f"{rest} s")
 
 
 def interpreted_backends(run: RunData) -> str:
@@ -172,7 +207,7 @@ def _summary_row(op: str, run: RunData, results: list, baseline: str, colours: d
                        f"{s['shapes']} shapes</span>")
     else:
         speed = Markup("<span class='muted'>n/a</span>")
-    roof = f"{s['roofline'][0]:.1f}% of {s['roofline'][1]}" if s.get("roofline") else "n/a"
+    roof = f"{fmt_pct(s['roofline'][0])} of {s['roofline'][1]}" if s.get("roofline") else "n/a"
     failed = sum(n for k, n in c.items() if k not in ("ok", "mismatch", "skipped"))
     link = Markup(f'<a href="#op-{_op_anchor(op)}">{esc(op)}</a>')
     return [link] + ([run.label] if multi else []) + [fastest, speed, roof, s["cases"], c.get("ok", 0),
@@ -252,9 +287,10 @@ def op_section(index: int, charts: OpCharts, verdicts: dict, data: dict[str, Any
     elif charts.swept:
         controls.append(f"<span class='muted'>at {esc(charts.combos[0])}</span>")
     timed = {r.get("backend") for rs in charts.per_run for r in rs if timing(r)}
+    interp = {b for _, b in charts.interpreted}
     legend = " ".join(f'<span class="{"" if b in timed else "muted"}"><span class="swatch" style="background:'
-                      f'{charts.colours.get(b, "#333")}"></span>{esc(b)}{"" if b in timed else " (not timed)"}</span>'
-                      for b in charts.backends)
+                      f'{charts.colours.get(b, "#333")}"></span>{esc(b)}{" (interpreted)" if b in interp else ""}'
+                      f'{"" if b in timed else " (not timed)"}</span>' for b in charts.backends)
     controls.append(f"<span>{legend}</span>")
     body = (f'<div class="grid" data-op-figs="{key}">{"".join(divs)}</div>' if divs
             else "<p class='muted'>No timed case of this op: see the failures above.</p>")
@@ -275,6 +311,7 @@ def render(runs: Sequence[RunData], baseline: str = "torch") -> str:
     diffs = {ri: compare_runs(runs[0], runs[ri], COMPARE_THRESHOLD) for ri in range(1, len(runs))}
     verdicts = {(ri, id(d.new)): d.verdict for ri, ds in diffs.items() for d in ds if d.new is not None}
     sections = [summary(runs, baseline, colours), problems_section(runs), environment(runs)]
+    sections.append(tuned_section(runs, _table, esc))  # `run --tuned`: the tuned config each kernel ran
     if diffs:
         sections.append(comparison(runs, diffs, data))
     for i, op in enumerate(ops):

@@ -136,11 +136,13 @@ def log_scale(values: Iterable[float]) -> bool:
 
 
 # --- roofline --------------------------------------------------------------------------------------------------------
-def peaks(run: dict[str, Any], dtype: str | None = None) -> dict[str, dict[str, float]]:
+def peaks(run: dict[str, Any], dtype: str | None = None, own: bool = False) -> dict[str, dict[str, float]]:
     """{"measured"|"datasheet": {"gbps": .., "tflops": ..}} from run["roofline"], whichever are known.
 
     Accepted spellings: bandwidth as `gbps`/`bw_gbps`/`bandwidth_gbps` (GB/s) or `bytes_per_s`; compute as
     `tflops_<dtype>`/`tflops` (TFLOP/s, a number or a {dtype: number} map) or `flops_per_s`.
+    own: the dtype's own compute peak from a {dtype: number} map (the roof a chart draws for a bf16 op is the bf16
+    one), none when the map lacks the dtype; otherwise the ceiling `flops_peak` gives the percentages.
     """
     out: dict[str, dict[str, float]] = {}
     for source, d in ((run.get("roofline") or {}) or {}).items():
@@ -156,7 +158,9 @@ def peaks(run: dict[str, Any], dtype: str | None = None) -> dict[str, dict[str, 
                 p["gbps"] = float(d["bytes_per_s"]) / 1e9
         for k in (f"tflops_{dtype}", "tflops"):
             v = d.get(k)
-            if isinstance(v, dict):
+            if isinstance(v, dict) and own:
+                v = v.get(dtype)
+            elif isinstance(v, dict):
                 v = flops_peak(v, str(dtype)) if dtype in v else max((x for x in v.values() if _num(x)), default=None)
             if _num(v):
                 p["tflops"] = float(v)

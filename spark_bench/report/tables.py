@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from spark_bench.console import peak_mb
 from spark_bench.report.compare import CaseDiff
 from spark_bench.report.model import (
     RunData,
@@ -31,10 +32,13 @@ def cases_table(runs: Sequence[RunData], baseline: str) -> dict[str, Any]:
     columns = ([_col("run")] if multi else []) + [
         _col("op"), _col("backend"), _col("dtype"), _col("params", cls="code"), _col("status", tag="st"),
         _col(f"median_{unit}", "median time per call"), _col(f"p10_{unit}"), _col(f"p90_{unit}"),
-        _col("rel_iqr_%", "interquartile range / median", digits=1), _col("n", "samples"), _col("timer"),
-        _col("GB/s"), _col("TFLOP/s"), _col("roofline_%", "best fraction of a roof (see the summary)", digits=1),
+        _col("rel_iqr_%", "interquartile range / median", sig=3), _col("n", "samples"), _col("timer"),
+        _col("GB/s"), _col("TFLOP/s"), _col("roofline_%", "best fraction of a roof (see the summary)", sig=3),
         _col(f"x_{baseline}", f"speedup over {baseline}", digits=2), _col("err_ratio", "RMS(out-ref)/RMS(ref)"),
-        _col("energy_uJ", "energy per call"), _col("labels"), _col("error", cls="err"),
+        _col("energy_uJ", "energy per call"),
+        _col("peak_MB", "peak memory of the case: device bytes on a GPU (max_memory_allocated), else the worker's "
+                        "peak RSS (a high-water mark over the worker's earlier cases too)"),
+        _col("labels"), _col("error", cls="err"),
     ]
     rows = []
     for run in runs:
@@ -52,7 +56,7 @@ def cases_table(runs: Sequence[RunData], baseline: str) -> dict[str, Any]:
                 med, number(t.get("p10")), number(t.get("p90")), 100 * iqr / med if iqr is not None and med else None,
                 t.get("n"), t.get("timer"), number(r.get("gbps")), number(r.get("tflops")),
                 pct[0] if pct else None, sp.get(id(r)), number((r.get("check") or {}).get("err_ratio")),
-                energy * 1e6 if energy is not None else None, ", ".join(map(str, r.get("labels") or [])),
+                energy * 1e6 if energy is not None else None, peak_mb(r), ", ".join(map(str, r.get("labels") or [])),
                 failure_text(r) if r.get("status") != "ok" else (r.get("error") or ""),
             ])
     return {"columns": columns, "rows": rows}
