@@ -247,9 +247,32 @@ def test_report_of_a_real_quick_run(browser, tmp_path):
     state = browser.eval(PLOTS)
     assert browser.problems() == [] and state["errors"] == []
     assert state["plots"] == state["expected"] >= 5
-    for backend in ("triton", "torch", "torch_compile"):
+    for backend in ("triton (interpreted)", "torch", "torch_compile"):  # the Triton numbers say what they are
         assert backend in state["legends"]
-    assert "interpreted" in page.read_text()  # the Triton numbers say they come from the interpreter
+    assert "interpreted" in page.read_text()
+
+
+AT_LOAD = """window.addEventListener('load', () => {
+  const shown = [...document.querySelectorAll('[data-op-figs] > div')].filter(d => {
+    const r = d.getBoundingClientRect(); return r.bottom > 0 && r.top < window.innerHeight; });
+  window.atLoad = {inView: shown.length, drawn: shown.filter(d => d.querySelector('svg.main-svg')).length};
+});"""
+
+
+def test_charts_in_view_are_drawn_by_the_load_event(tmp_path):
+    """A headless screenshot (chromium --screenshot takes it at load) shows the charts in view: no wait needed."""
+    if CHROMIUM is None:
+        pytest.skip("no chromium binary found (apt-get install chromium)")
+    page = write_report([fx.standard_run(tmp_path / "a", seed=0)], tmp_path / "report.html")
+    b = Browser(CHROMIUM, height=2400)  # summary, failures, environment and the first op's charts
+    try:
+        b.send("Page.addScriptToEvaluateOnNewDocument", source=AT_LOAD)
+        b.open(page)
+        at_load = b.eval("window.atLoad")
+        assert at_load["inView"] >= 3 and at_load["drawn"] == at_load["inView"], at_load
+        assert b.problems() == []
+    finally:
+        b.close()
 
 
 if __name__ == "__main__":  # regenerate the docs screenshot

@@ -76,19 +76,39 @@ JS = r"""
   }
 
   // --- figures ------------------------------------------------------------------------------------------------
-  function renderFigures() {
-    var i = 0;
-    function next() {
-      if (i >= D.figs.length) { SB.done = true; return; }
-      var f = D.figs[i++];
-      f.fig.data.forEach(function (t) {  // hover texts are stored once per case, shared by every chart
-        if (t.meta && t.meta.h) t.hovertext = t.meta.h.map(function (k) { return D.hover[k]; });
-      });
+  // Charts in the viewport are drawn synchronously, before the load event (a headless screenshot taken at load
+  // shows them, no wait needed); the rest follow one per task, whichever is in view first, so scrolling to a chart
+  // draws it next and the page stays responsive.
+  function inView(f) {
+    var r = document.getElementById(f.id).getBoundingClientRect();
+    return r.bottom > 0 && r.top < (window.innerHeight || document.documentElement.clientHeight);
+  }
+  function draw(f) {
+    f.fig.data.forEach(function (t) {  // hover texts are stored once per case, shared by every chart
+      if (t.meta && t.meta.h) t.hovertext = t.meta.h.map(function (k) { return D.hover[k]; });
+    });
+    var settle = function () { if (SB.rendered + SB.errors.length >= SB.expected) SB.done = true; };
+    try {
       Plotly.newPlot(document.getElementById(f.id), f.fig.data, f.fig.layout, CONFIG)
-        .then(function () { SB.rendered++; setTimeout(next, 0); })
-        .catch(function (e) { SB.errors.push(String(e)); setTimeout(next, 0); });
+        .then(function () { SB.rendered++; settle(); })
+        .catch(function (e) { SB.errors.push(String(e)); settle(); });
+    } catch (e) { SB.errors.push(String(e)); settle(); }
+  }
+  function renderFigures() {
+    var pending = D.figs.slice();
+    SB.inViewAtStart = 0;
+    pending = pending.filter(function (f) {
+      if (!inView(f)) return true;
+      SB.inViewAtStart++; draw(f); return false;
+    });
+    if (!D.figs.length) SB.done = true;
+    function next() {
+      if (!pending.length) return;
+      var k = pending.findIndex(inView);
+      draw(pending.splice(k < 0 ? 0 : k, 1)[0]);
+      setTimeout(next, 0);
     }
-    next();
+    setTimeout(next, 0);
   }
 
   function selectedCombo(op) {
@@ -159,7 +179,10 @@ JS = r"""
 
   function fmt(v, col) {
     if (v === null || v === undefined) return "";
-    if (typeof v === "number") return col.digits !== undefined ? v.toFixed(col.digits) : String(+v.toPrecision(4));
+    if (typeof v === "number") {
+      if (col.digits !== undefined) return v.toFixed(col.digits);
+      return String(+v.toPrecision(col.sig || 4));  // significant digits: a small real value never reads 0.0
+    }
     return String(v);
   }
 
