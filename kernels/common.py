@@ -14,6 +14,14 @@ import triton
 import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# Wrappers widen their declared block sizes under the interpreter (it runs one Python program at a time, so few
+# large programs are faster). Tests of the declared candidates set this to False: the configs then run as on a GPU.
+WIDEN_WHEN_INTERPRETING = True
+
+
+def widen() -> bool:
+    """Whether a wrapper should replace its declared block sizes by whole rows (interpreting, not told otherwise)."""
+    return INTERPRET and WIDEN_WHEN_INTERPRETING
 
 
 def next_pow2(n: int) -> int:

@@ -4,6 +4,8 @@
     W = (I + L)^-1 Diag(beta) (exp(G) * K),   U = (I + L)^-1 Diag(beta) V   (the UT transform)
 
 and the operands of stage 2: Qd = scale * q * exp(G), Kd = k * exp(G_last - G). G is the chunk-local cumsum.
+q, k and v are read through their token strides (heads and channels contiguous): the block's views of the conv
+output are not copied.
 
 Overflow (kda.md pitfall 4): exp(G_i - G_j) is never split at the chunk start. Off-diagonal blocks split it at the
 row block's first token r: (q_i exp(G_i - G_r)) . (k_j exp(G_r - G_j)) with j < r <= i, both factors <= 1; the
@@ -16,6 +18,7 @@ much in bf16, and the interpreter's bf16 dot is broken anyway (kernels/common.py
 
 import triton
 import triton.language as tl
+from spark_bench.kernels.common import widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import l2_normalize_rows
 
@@ -40,7 +43,7 @@ def _unit_lower_inverse(L, BC: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _diag_block(q, k, gcum, rows, m_r, n_q, n_k, i_h, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr,
+def _diag_block(q, k, gcum, sq, sk, rows, m_r, n_q, n_k, i_h, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr,
                 BK: tl.constexpr, BKD: tl.constexpr):
     """sum_d q_i k_j exp(G_i - G_j) and sum_d k_i k_j exp(G_i - G_j) for i >= j inside one row block, pairwise
     (no split of the exponent), over K in slices of BKD."""
@@ -51,10 +54,10 @@ def _diag_block(q, k, gcum, rows, m_r, n_q, n_k, i_h, H: tl.constexpr, K: tl.con
     for ks in range(0, BK, BKD):
         o_s = ks + tl.arange(0, BKD)
         mask = m_r[:, None] & (o_s < K)[None, :]
-        offs = (rows[:, None] * H + i_h) * K + o_s[None, :]
-        q_s = tl.load(q + offs, mask=mask, other=0.0).to(tl.float32) * n_q
-        k_s = tl.load(k + offs, mask=mask, other=0.0).to(tl.float32) * n_k
-        g_s = tl.load(gcum + offs, mask=mask, other=0.0)
+        cols = i_h * K + o_s[None, :]
+        q_s = tl.load(q + rows[:, None] * sq + cols, mask=mask, other=0.0).to(tl.float32) * n_q
+        k_s = tl.load(k + rows[:, None] * sk + cols, mask=mask, other=0.0).to(tl.float32) * n_k
+        g_s = tl.load(gcum + rows[:, None] * (H * K) + cols, mask=mask, other=0.0)
         k_dec = k_s[None, :, :] * tl.exp(tl.where(pair[:, :, None], g_s[:, None, :] - g_s[None, :, :], 0.0))
         d_qk += tl.sum(q_s[:, None, :] * k_dec, 2)
         d_kk += tl.sum(k_s[:, None, :] * k_dec, 2)
@@ -62,7 +65,7 @@ def _diag_block(q, k, gcum, rows, m_r, n_q, n_k, i_h, H: tl.constexpr, K: tl.con
 
 
 @triton.jit
-def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk, scale,
+def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk, scale, sq, sk, sv,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                  BK: tl.constexpr, BV: tl.constexpr, BKD: tl.constexpr,
                  L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr):
@@ -87,9 +90,9 @@ def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk,
             rows = r + o_c
             m_r = rows < end
             mask_rk = m_r[:, None] & m_k[None, :]
-            offs_rk = (rows[:, None] * H + i_h) * K + o_k[None, :]
-            b_q = tl.load(q + offs_rk, mask=mask_rk, other=0.0).to(tl.float32)
-            b_k = tl.load(k + offs_rk, mask=mask_rk, other=0.0).to(tl.float32)
+            offs_rk = (rows[:, None] * H + i_h) * K + o_k[None, :]  # of the contiguous G, W, Qd, Kd
+            b_q = tl.load(q + rows[:, None] * sq + i_h * K + o_k[None, :], mask=mask_rk, other=0.0).to(tl.float32)
+            b_k = tl.load(k + rows[:, None] * sk + i_h * K + o_k[None, :], mask=mask_rk, other=0.0).to(tl.float32)
             if L2NORM:
                 n_q = tl.rsqrt(tl.sum(b_q * b_q, 1, keep_dims=True) + 1e-6)
                 n_k = tl.rsqrt(tl.sum(b_k * b_k, 1, keep_dims=True) + 1e-6)
@@ -106,7 +109,8 @@ def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk,
             offs_rv = (rows[:, None] * H + i_h) * V + o_v[None, :]
             # block forward substitution: (I + L_bb) X_b = Diag(beta_b) rhs_b - sum_{j_b < i_b} L_b,j_b X_j_b
             rhs_w = b_k * tl.exp(b_g) * b_beta[:, None]
-            rhs_u = tl.load(v + offs_rv, mask=mask_rv, other=0.0).to(tl.float32) * b_beta[:, None]
+            p_v = v + rows[:, None] * sv + i_h * V + o_v[None, :]
+            rhs_u = tl.load(p_v, mask=mask_rv, other=0.0).to(tl.float32) * b_beta[:, None]
             # this block's rows against earlier blocks j < r: the decay split at r, both factors <= 1
             g_r = tl.load(gcum + (r * H + i_h) * K + o_k, mask=m_k, other=0.0)
             e_r = tl.exp(tl.where(mask_rk, b_g - g_r[None, :], 0.0))
@@ -116,7 +120,8 @@ def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk,
             for j_b in range(0, i_b):
                 rows_j = start + j_b * BC + o_c  # all < r < end
                 offs_jk = (rows_j[:, None] * H + i_h) * K + o_k[None, :]
-                k_j = l2_normalize_rows(tl.load(k + offs_jk, mask=m_k[None, :], other=0.0).to(tl.float32), L2NORM)
+                p_kj = k + rows_j[:, None] * sk + i_h * K + o_k[None, :]
+                k_j = l2_normalize_rows(tl.load(p_kj, mask=m_k[None, :], other=0.0).to(tl.float32), L2NORM)
                 g_j = tl.load(gcum + offs_jk, mask=m_k[None, :], other=0.0)
                 k_hat = tl.trans(k_j * tl.exp(tl.where(m_k[None, :], g_r[None, :] - g_j, 0.0)))
                 tl.store(aqk + offs_a + j_b * BC + o_c[None, :], tl.dot(q_r, k_hat, input_precision=PREC),
@@ -126,7 +131,7 @@ def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk,
                 u_j = tl.load(u + (rows_j[:, None] * H + i_h) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
                 rhs_w -= tl.dot(a_kk, w_j, input_precision=PREC)
                 rhs_u -= tl.dot(a_kk, u_j, input_precision=PREC)
-            d_qk, d_kk = _diag_block(q, k, gcum, rows, m_r, n_q, n_k, i_h, H, K, BC, BK, BKD)
+            d_qk, d_kk = _diag_block(q, k, gcum, sq, sk, rows, m_r, n_q, n_k, i_h, H, K, BC, BK, BKD)
             d_qk = tl.where(o_c[:, None] >= o_c[None, :], d_qk * scale, 0.0)
             d_kk = tl.where(o_c[:, None] > o_c[None, :], d_kk * b_beta[:, None], 0.0)
             tl.store(aqk + offs_a + i_b * BC + o_c[None, :], d_qk, mask=m_r[:, None])
@@ -140,7 +145,8 @@ def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk,
 
 def chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, n_chunks, *, scale, BT, l2norm, beta_sigmoid, prec,
                 interpret):
-    """q, k [T, H, K], v [T, H, V], beta [T, H], gcum fp32 [T, H, K] -> fp32 (W, U, Qd, Kd, A_qk [T, H, BT])."""
+    """q, k [T, H, K], v [T, H, V] (rows may be strided), beta [T, H], gcum fp32 [T, H, K] -> fp32 (W, U, Qd, Kd,
+    A_qk [T, H, BT])."""
     import torch
 
     T, H, K = q.shape
@@ -151,9 +157,9 @@ def chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, n_chunks, *, scale,
     aqk = torch.empty(T, H, BT, **f32)
     BK = max(16, triton.next_power_of_2(K))
     meta, options = split(CONFIGS.pick(K=K, V=V, dtype=str(q.dtype)))
-    meta["BKD"] = BK if interpret else min(BK, meta["BKD"])
+    meta["BKD"] = BK if widen() else min(BK, meta["BKD"])
     _chunk_intra[(n_chunks, H)](
-        q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk, scale,
+        q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk, scale, q.stride(0), k.stride(0), v.stride(0),
         H=H, K=K, V=V, BT=BT, BC=16, BK=BK, BV=max(16, triton.next_power_of_2(V)),
         L2NORM=l2norm, BETA_SIGMOID=beta_sigmoid, PREC=prec, **meta, **options)
     return w, u, qd, kd, aqk

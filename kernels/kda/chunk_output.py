@@ -9,6 +9,7 @@ and heads there are (the serial stage has N x H x V/BV). The K reduction runs in
 import torch
 import triton
 import triton.language as tl
+from spark_bench.kernels.common import widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import to_output_dtype
 from spark_bench.kernels.kda.chunk_state import tile
@@ -59,7 +60,7 @@ def chunk_output(qd, h, u, aqk, chunk_start, chunk_end, n_chunks, *, out_dtype, 
     o = torch.empty(T, H, V, dtype=out_dtype, device=qd.device)
     meta, options = split(CONFIGS.pick(K=K, V=V, dtype=str(out_dtype)))
     full_k, full_v = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
-    if interpret:  # one program at a time in Python: whole rows at once
+    if widen():  # one program at a time in Python: whole rows at once
         meta["BK"], meta["BV"] = full_k, full_v
     meta["BK"], meta["BV"] = min(meta["BK"], full_k), min(meta["BV"], full_v)
     if prec == "ieee" and not interpret:

@@ -8,7 +8,16 @@ g is the log-space decay, or with GATE the raw gate: -exp(A_log[h]) * softplus(g
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import softplus
+from spark_bench.kernels.common import softplus, widen
+from spark_bench.kernels.configs import ConfigSpace, declare, split
+
+# The cumsum runs along the tokens, so channels split freely: grid (chunks, H, K/BK). BK = K = 128 at 4 warps is
+# the [64, 128] fp32 tile of one chunk (146-211 registers, 2-3 CTAs/SM on sm_90a); BK = 64 halves the tile and
+# doubles the programs.
+CONFIGS = declare(ConfigSpace(
+    "kda.chunk_prep._chunk_cumsum", key=("H", "K"),
+    default={"BK": 128, "num_warps": 4},
+    candidates=[{"BK": 64, "num_warps": 4}, {"BK": 64, "num_warps": 2}, {"BK": 128, "num_warps": 8}]))
 
 
 @triton.jit
@@ -43,12 +52,13 @@ def _chunk_cumsum(g, A_log, dt_bias, chunk_start, chunk_end, gcum, H: tl.constex
                   BT: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr):
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
+    i_k = tl.program_id(2)
     start = tl.load(chunk_start + i_c).to(tl.int64)
     end = tl.load(chunk_end + i_c).to(tl.int64)
     if start >= end:
         return
     rows = start + tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
+    o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     mask = (rows < end)[:, None] & m_k[None, :]
     offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
@@ -82,7 +92,10 @@ def chunk_cumsum(g, chunk_start, chunk_end, n_chunks, *, BT, A_log=None, dt_bias
     T, H, K = g.shape
     gcum = torch.empty(T, H, K, dtype=torch.float32, device=g.device)
     dummy = gcum  # never read when GATE is off
-    _chunk_cumsum[(n_chunks, H)](
+    full_k = max(16, triton.next_power_of_2(K))
+    meta, options = split(CONFIGS.pick(H=H, K=K))
+    meta["BK"] = full_k if widen() else min(meta["BK"], full_k)
+    _chunk_cumsum[(n_chunks, H, triton.cdiv(K, meta["BK"]))](
         g, A_log if gate else dummy, dt_bias if gate else dummy, chunk_start, chunk_end, gcum,
-        H=H, K=K, BT=BT, BK=max(16, triton.next_power_of_2(K)), GATE=gate)
+        H=H, K=K, BT=BT, GATE=gate, **meta, **options)
     return gcum

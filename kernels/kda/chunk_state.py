@@ -13,6 +13,7 @@ for 16-bit inputs, tf32x3 (fp32-accurate on tensor cores; IEEE dots run on CUDA 
 import torch
 import triton
 import triton.language as tl
+from spark_bench.kernels.common import widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import to_output_dtype
 
@@ -111,7 +112,7 @@ def chunk_state(w, u, kd, gcum, cu_seqlens, chunk_first, n_chunks, *, BT, initia
     h = torch.empty(n_chunks, H, K, V, dtype=h_dtype, device=w.device)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=w.device) if output_final_state else None
     meta, options = split(CONFIGS.pick(K=K, V=V, dtype=str(h_dtype)))
-    if interpret:  # one program at a time in Python: the whole of V at once
+    if widen():  # one program at a time in Python: the whole of V at once
         meta["BV"] = max(16, triton.next_power_of_2(V))
     meta["BV"] = min(meta["BV"], max(16, triton.next_power_of_2(V)))
     if prec == "ieee" and not interpret:

@@ -1,40 +1,54 @@
 """KDA forget gate: g[t, h, d] = -exp(A_log[h]) * softplus(g_raw[t, h, d] + dt_bias[h*K + d]), fp32 out.
 
 A_log is per HEAD (outside the softplus), dt_bias per CHANNEL (inside it): swapping the two broadcasts is the
-highest-risk bug of the KDA block (kda.md, pitfall 1). One program handles BT tokens of one head.
+highest-risk bug of the KDA block (kda.md, pitfall 1). One program handles BT tokens of one head; the token stride
+is an argument, so a strided view of g (rows of a wider projection) is read in place.
 """
 
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import next_pow2, row_block, softplus
+from spark_bench.kernels.common import next_pow2, row_block, softplus, widen
+from spark_bench.kernels.configs import ConfigSpace, declare, split
+
+# BT tokens x next_pow2(K) per program: 4096 elements (BT = 32 at K = 128, 64 at K <= 64), 4 warps: 48-64
+# registers, 8-10 CTAs/SM on sm_90a. The grid is (T/BT, H) whatever BT: at T = 1 it is H programs of one row.
+CONFIGS = declare(ConfigSpace(
+    "kda.gate._kda_gate_fwd", key=("T", "K"),
+    default={"BT": 32, "num_warps": 4},
+    buckets=[({"K": 64}, {"BT": 64, "num_warps": 4})],
+    candidates=[{"BT": 16, "num_warps": 4}, {"BT": 64, "num_warps": 8}]))
 
 
 @triton.jit
-def _kda_gate_fwd(g_raw, A_log, dt_bias, out, T, H: tl.constexpr, K: tl.constexpr,
+def _kda_gate_fwd(g_raw, A_log, dt_bias, out, T, stride_t, H: tl.constexpr, K: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr):
     i_t = tl.program_id(0)
     i_h = tl.program_id(1)
     o_t = (i_t * BT + tl.arange(0, BT)).to(tl.int64)
     o_k = tl.arange(0, BK)
     mask = (o_t[:, None] < T) & (o_k[None, :] < K)
-    offs = o_t[:, None] * (H * K) + i_h * K + o_k[None, :]
-    x = tl.load(g_raw + offs, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(g_raw + o_t[:, None] * stride_t + i_h * K + o_k[None, :], mask=mask, other=0.0).to(tl.float32)
     bias = tl.load(dt_bias + i_h * K + o_k, mask=o_k < K, other=0.0).to(tl.float32)
     a = tl.exp(tl.load(A_log + i_h).to(tl.float32))
     y = -a * softplus(x + bias[None, :])
-    tl.store(out + offs, y, mask=mask)
+    tl.store(out + o_t[:, None] * (H * K) + i_h * K + o_k[None, :], y, mask=mask)
 
 
 def kda_gate(g: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
-    """g: [..., H, K] (any float dtype), A_log: [H] (any shape with H elements), dt_bias: [H*K] -> fp32 [..., H, K]."""
+    """g: [..., H, K] (any float dtype; rows may be strided), A_log: [H] (any shape with H elements),
+    dt_bias: [H*K] -> fp32 [..., H, K] (contiguous)."""
     H, K = g.shape[-2:]
-    g = g.contiguous()
-    T = g.numel() // (H * K)
     out = torch.empty(g.shape, dtype=torch.float32, device=g.device)
+    g = g.reshape(-1, H, K)  # a view when the leading dimensions allow it
+    if g.stride(2) != 1 or g.stride(1) != K:
+        g = g.contiguous()
+    T = g.shape[0]
     BK = next_pow2(K)
-    BT = row_block(BK)
-    grid = (triton.cdiv(T, BT), H)
+    meta, options = split(CONFIGS.pick(T=T, K=K))
+    if widen():
+        meta["BT"] = row_block(BK)
+    grid = (triton.cdiv(T, meta["BT"]), H)
     _kda_gate_fwd[grid](g, A_log.reshape(-1).contiguous(), dt_bias.reshape(-1).contiguous(), out, T,
-                        H=H, K=K, BT=BT, BK=BK)
+                        g.stride(0), H=H, K=K, BK=BK, **meta, **options)
     return out

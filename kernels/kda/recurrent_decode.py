@@ -3,18 +3,31 @@
 for the sequence's T tokens and is written back once. Slots not indexed are never touched.
 
 Per token (fp32): S *= exp(g)[:, None]; u = beta * (v - k @ S); S += outer(k, u); o = (scale * q) @ S,
-with the q/k L2 norm, the gate and the beta sigmoid optionally fused (flags as in chunk_prep.py).
+with the q/k L2 norm, the gate and the beta sigmoid optionally fused (flags as in chunk_prep.py). q, k and v
+are read through their sequence and token strides (heads and channels contiguous), so the block's views of the conv
+output are not copied.
 """
 
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET
+from spark_bench.kernels.common import INTERPRET, widen
+from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_output_dtype
+
+# BV columns of the [K, V] state per program (K whole: BK = next_pow2(K)). BV = 32 at 4 warps: the [128, 32] fp32
+# tile is 32 registers per thread, 80-126 in all, no spills, 4-6 CTAs/SM; grid N x H x V/BV (128 CTAs at N = 1,
+# H = 32). N <= 2: BV = 16 at 2 warps doubles the programs (256 at N = 1) for the same per-thread tile.
+CONFIGS = declare(ConfigSpace(
+    "kda.recurrent_decode._recurrent_decode", key=("N", "K", "V"),
+    default={"BV": 32, "num_warps": 4},
+    buckets=[({"N": 2}, {"BV": 16, "num_warps": 2})],
+    candidates=[{"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 2}, {"BV": 64, "num_warps": 8}]))
 
 
 @triton.jit
-def _recurrent_decode(q, k, v, g, beta, A_log, dt_bias, o, pool, slots, scale, T: tl.constexpr,
+def _recurrent_decode(q, k, v, g, beta, A_log, dt_bias, o, pool, slots, scale, sq_n, sq_t, sk_n, sk_t, sv_n, sv_t,
+                      T: tl.constexpr,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       L2NORM: tl.constexpr, GATE: tl.constexpr, BETA_SIGMOID: tl.constexpr,
                       INTERPRET: tl.constexpr):
@@ -30,16 +43,18 @@ def _recurrent_decode(q, k, v, g, beta, A_log, dt_bias, o, pool, slots, scale, T
     mask_s = m_k[:, None] & m_v[None, :]
     S = tl.load(pool + offs_s, mask=mask_s, other=0.0)
     for t in tl.static_range(T):
-        row = (i_n * T + t) * H + i_h
-        b_q = l2_normalize_rows(tl.load(q + row * K + o_k, mask=m_k, other=0.0).to(tl.float32), L2NORM)
-        b_k = l2_normalize_rows(tl.load(k + row * K + o_k, mask=m_k, other=0.0).to(tl.float32), L2NORM)
+        row = (i_n * T + t) * H + i_h  # of the contiguous g, beta and o
+        p_q = q + i_n * sq_n + t * sq_t + i_h * K + o_k
+        p_k = k + i_n * sk_n + t * sk_t + i_h * K + o_k
+        b_q = l2_normalize_rows(tl.load(p_q, mask=m_k, other=0.0).to(tl.float32), L2NORM)
+        b_k = l2_normalize_rows(tl.load(p_k, mask=m_k, other=0.0).to(tl.float32), L2NORM)
         b_g = tl.load(g + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
         if GATE:
             b_g = kda_decay(b_g, A_log, dt_bias, i_h, o_k, m_k, K)
         b_beta = tl.load(beta + row).to(tl.float32)
         if BETA_SIGMOID:
             b_beta = tl.sigmoid(b_beta)
-        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+        b_v = tl.load(v + i_n * sv_n + t * sv_t + i_h * V + o_v, mask=m_v, other=0.0).to(tl.float32)
         S = S * tl.exp(b_g)[:, None]
         b_u = b_beta * (b_v - tl.sum(b_k[:, None] * S, 0))
         S = S + b_k[:, None] * b_u[None, :]
@@ -52,22 +67,24 @@ def kda_recurrent_decode(q, k, v, g, beta, initial_state, ssm_state_indices, sca
                          use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
                          A_log=None, dt_bias=None):
     """q, k, g [N, T, H, K], v [N, T, H, V], beta [N, T, H], initial_state (the pool) [S, H, K, V] fp32,
-    ssm_state_indices [N] -> (o [N, T, H, V] in v's dtype, the pool, updated in place)."""
+    ssm_state_indices [N] -> (o [N, T, H, V] in v's dtype, the pool, updated in place). q, k and v may be strided
+    over N and T (heads and channels contiguous)."""
     N, T, H, K = q.shape
     V = v.shape[-1]
     assert initial_state.dtype == torch.float32 and initial_state.is_contiguous()
     scale = K ** -0.5 if scale is None else float(scale)
-    q, k, g, v, beta = (x.contiguous() for x in (q, k, g, v, beta))
-    o = torch.empty_like(v)
-    BV = max(16, triton.next_power_of_2(V))
-    if not INTERPRET:
-        BV = min(BV, 32)
-    _recurrent_decode[(N, H, triton.cdiv(V, BV))](
+    q, k, v = (x if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] else x.contiguous() for x in (q, k, v))
+    g, beta = g.contiguous(), beta.contiguous()
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    full_v = max(16, triton.next_power_of_2(V))
+    meta, options = split(CONFIGS.pick(N=N, K=K, V=V))
+    meta["BV"] = full_v if widen() else min(meta["BV"], full_v)
+    _recurrent_decode[(N, H, triton.cdiv(V, meta["BV"]))](
         q, k, v, g, beta,
         A_log.reshape(-1).contiguous() if use_gate_in_kernel else g,
         dt_bias.reshape(-1).contiguous() if use_gate_in_kernel else g,
-        o, initial_state, ssm_state_indices.contiguous(), scale,
-        T=T, H=H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BV=BV,
+        o, initial_state, ssm_state_indices.contiguous(), scale, *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
+        T=T, H=H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)),
         L2NORM=use_qk_l2norm_in_kernel, GATE=use_gate_in_kernel, BETA_SIGMOID=use_beta_sigmoid_in_kernel,
-        INTERPRET=INTERPRET, num_warps=4)
+        INTERPRET=INTERPRET, **meta, **options)
     return o, initial_state

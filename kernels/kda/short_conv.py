@@ -13,7 +13,7 @@ Prefill: one program per BT tokens x BD channels finds each token's sequence by 
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET, next_pow2, round_bf16, rounds_bf16, row_block
+from spark_bench.kernels.common import next_pow2, round_bf16, rounds_bf16, row_block, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 
 # BT x BD = 16 x 128 at 8 warps: 128 registers, no spills on sm_90a (32 x 128 at 4 warps spills: each of the W
@@ -23,6 +23,14 @@ PREFILL_CONFIGS = declare(ConfigSpace(
     default={"BT": 16, "BD": 128, "num_warps": 8},
     candidates=[{"BT": 8, "BD": 128, "num_warps": 4}, {"BT": 32, "BD": 64, "num_warps": 8},
                 {"BT": 16, "BD": 256, "num_warps": 8}]))
+
+# Decode: BD channels x the W-1 state columns per program, grid (D/BD, N). BD = 256 at 4 warps: 56 registers,
+# 9 CTAs/SM, 48 programs at N = 1 (D = 12288). N <= 2: BD = 64 at 2 warps, 192 programs, so more SMs issue loads.
+DECODE_CONFIGS = declare(ConfigSpace(
+    "kda.short_conv._short_conv_decode", key=("N", "D"),
+    default={"BD": 256, "num_warps": 4},
+    buckets=[({"N": 2}, {"BD": 64, "num_warps": 2})],
+    candidates=[{"BD": 128, "num_warps": 4}, {"BD": 512, "num_warps": 8}]))
 
 
 @triton.jit
@@ -110,7 +118,7 @@ def short_conv_prefill(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.
     if conv_state is not None:
         conv_state = conv_state.contiguous()
     meta, options = split(PREFILL_CONFIGS.pick(D=D))
-    if INTERPRET:  # one Python program at a time: few large ones
+    if widen():  # one Python program at a time: few large ones
         meta["BD"] = min(next_pow2(D), 1024)
         meta["BT"] = row_block(meta["BD"])
     meta["BD"] = min(meta["BD"], next_pow2(D))
@@ -158,7 +166,9 @@ def short_conv_decode(x: torch.Tensor, weight: torch.Tensor, conv_state_pool: to
     N, D = x.shape
     W = weight.shape[1]
     y = torch.empty_like(x)
-    BD = next_pow2(D) if INTERPRET else min(next_pow2(D), 256)
-    _short_conv_decode[(triton.cdiv(D, BD), N)](x, conv_state_pool, slots, weight, y, D, W=W, BD=BD,
-                                               BW=next_pow2(W - 1), ROUND=rounds_bf16(y.dtype))
+    meta, options = split(DECODE_CONFIGS.pick(N=N, D=D))
+    meta["BD"] = next_pow2(D) if widen() else min(meta["BD"], next_pow2(D))
+    _short_conv_decode[(triton.cdiv(D, meta["BD"]), N)](x, conv_state_pool, slots, weight, y, D, W=W,
+                                                       BW=next_pow2(W - 1), ROUND=rounds_bf16(y.dtype), **meta,
+                                                       **options)
     return y
