@@ -104,22 +104,22 @@ def test_stages_compose_the_backend():
     inputs = PREFILL.make_inputs({**SMALL, "batch": 1, "seq_len": 1, "varlen": "tiny3"}, dtype="bf16", seed=5)
     backend = PREFILL.backends["torch"]
     calls = backend.stages(inputs)
-    assert [name for name, _ in calls] == ["projections", "conv", "gate", "core", "norm", "out_proj"]
+    assert [name for name, _ in calls] == ["projections", "conv", "core", "norm", "out_proj"]  # gate in the core
     results = [call() for _, call in calls]
     assert torch.equal(results[-1]["out"], backend.fn(**inputs)[0])
     assert PREFILL.backends["triton"].stages is not None and DECODE.backends["triton"].stages is not None
 
 
 def test_swapped_gate_broadcast_fails():
-    """kda.md pitfall 1: dt_bias read in the wrong channel order (d*H + h) must fail the whole-block check."""
-    from spark_bench.plugins.kda import block_prefill, chunk_prefill, gate, gated_rmsnorm, short_conv
+    """kda.md pitfall 1: dt_bias read in the wrong channel order (d*H + h) by the core's fused gate must fail the
+    whole-block check."""
+    from spark_bench.plugins.kda import block_prefill, chunk_prefill, gated_rmsnorm, short_conv
 
-    def swapped_gate(g, A_log, dt_bias):
-        H, K = g.shape[-2:]
-        return gate.torch_gate(g, A_log, dt_bias.view(K, H).T.reshape(-1))
+    def swapped_core(**kw):
+        H, K = kw["g"].shape[-2:]
+        return chunk_prefill.torch_chunk_prefill(**{**kw, "dt_bias": kw["dt_bias"].view(K, H).T.reshape(-1)})
 
-    steps = block_prefill.stages(short_conv.torch_short_conv, swapped_gate, chunk_prefill.torch_chunk_prefill,
-                                 gated_rmsnorm.torch_gated_rmsnorm)
+    steps = block_prefill.stages(short_conv.torch_short_conv, swapped_core, gated_rmsnorm.torch_gated_rmsnorm)
     inputs = PREFILL.make_inputs({**SMALL, "batch": 1, "seq_len": 30, "varlen": "fixed"}, dtype="fp32", seed=6)
     ref = PREFILL.reference(**inputs)
     out = bc.run_stages(steps, inputs)

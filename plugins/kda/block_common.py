@@ -142,12 +142,13 @@ def out_projection(c) -> dict:
     return {"out": F.linear(c["o_normed"].reshape(T, -1).to(c["x"].dtype), c["o_proj"])}
 
 
-def gate_stage(gate):
-    """g = gate(g_raw [T, H, K], a_log, dt_bias) fp32 (beta stays logits: the core applies the sigmoid)."""
-    def run(c):
-        H = c["a_log"].numel()
-        return {"g": gate(c["g_raw"].view(c["g_raw"].shape[0], H, -1), c["a_log"], c["dt_bias"])}
-    return run
+def fused_gate(c) -> dict:
+    """The core's fused-gate arguments: the raw logits g_raw as [T, H, K] (a view), a_log and dt_bias, and
+    use_gate_in_kernel. The core computes -exp(A_log[h]) * softplus(g_raw + dt_bias[h*K + d]) where it loads g, so
+    the fp32 decay is never written and re-read (fla's chunk_kda and fused_recurrent_kda take the same flag)."""
+    H = c["a_log"].numel()
+    return {"g": c["g_raw"].view(c["g_raw"].shape[0], H, -1), "A_log": c["a_log"], "dt_bias": c["dt_bias"],
+            "use_gate_in_kernel": True}
 
 
 def norm_stage(norm):
@@ -158,11 +159,11 @@ def norm_stage(norm):
 
 
 def stage_list(conv_stage, core_stage):
-    """make_stages(conv, gate, core, norm) -> the block's stages; conv_stage and core_stage wrap the prefill or
-    decode calling conventions."""
-    def make(conv, gate_fn, core, norm):
-        return [("projections", projections), ("conv", conv_stage(conv)), ("gate", gate_stage(gate_fn)),
-                ("core", core_stage(core)), ("norm", norm_stage(norm)), ("out_proj", out_projection)]
+    """make_stages(conv, core, norm) -> the block's stages; conv_stage and core_stage wrap the prefill or decode
+    calling conventions. The forget gate runs inside the core (fused_gate)."""
+    def make(conv, core, norm):
+        return [("projections", projections), ("conv", conv_stage(conv)), ("core", core_stage(core)),
+                ("norm", norm_stage(norm)), ("out_proj", out_projection)]
     return make
 
 
@@ -205,7 +206,7 @@ _PATH_AVAILABILITY = {  # backend name -> (probe, labels) of the composed path
 
 
 def add_composed_backends(op, make_stages, paths: dict, outputs: tuple, parts_doc: str) -> None:
-    """Register one backend per path: paths[name] = the (conv, gate, core, norm) callables, composed by
+    """Register one backend per path: paths[name] = the (conv, core, norm) callables, composed by
     make_stages(*parts) into [(stage, fn(ctx) -> dict)]; the backend returns the context values named in `outputs`
     and gives the runner its per-stage breakdown. After "torch", adds torch_compile of the whole torch block."""
     def pick(ctx):

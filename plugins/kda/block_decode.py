@@ -3,14 +3,14 @@
 Calling convention: backend(x=[N, D], conv_state_pool=[S, conv_dim, W-1], state_pool=[S, H, K, V] fp32, slots=[N]
 int32 distinct, and the engine's weights by name (block_common.WEIGHT_NAMES)) -> out [N, D]; both pools are updated
 IN PLACE at `slots` and checked too (`outputs`). Pools of 3*N slots with random distinct indices.
-Stages as kda.block_prefill, with the decode conv and the recurrent decode core.
+Stages as kda.block_prefill (the gate fused into the core), with the decode conv and the recurrent decode core.
 Reference: block_common.reference_block on the gathered states (one token per sequence), scattered back.
 Cost: the projections' 2*N*weights FLOPs plus ~7*H*K*V per token; bytes = weights + x and out + both states.
 """
 
 import torch
 from spark_bench.plugins.kda import block_common as bc
-from spark_bench.plugins.kda import gate, gated_rmsnorm, short_conv, short_conv_decode
+from spark_bench.plugins.kda import gated_rmsnorm, short_conv, short_conv_decode
 from spark_bench.plugins.kda import recurrent_decode as rd
 from spark_bench.plugins.kda import weights as kda_weights
 from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
@@ -96,12 +96,14 @@ def conv_stage(conv):
 
 
 def core_stage(core):
-    """The recurrent core on the pool, one token per sequence ([N, 1, H, *]); L2 norm and beta sigmoid inside."""
+    """The recurrent core on the pool, one token per sequence ([N, 1, H, *] strided views); gate, L2 norm and beta
+    sigmoid inside."""
     def run(c):
         heads = {name: t.transpose(0, 1) for name, t in bc.split_heads(c).items()}
-        o, _ = core(**heads, g=c["g"][:, None], beta=c["b_logit"][:, None], scale=heads["q"].shape[-1] ** -0.5,
-                    initial_state=c["state_pool"], ssm_state_indices=c["slots"], use_qk_l2norm_in_kernel=True,
-                    use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=True, A_log=None, dt_bias=None)
+        gate = bc.fused_gate(c)
+        o, _ = core(**heads, **{**gate, "g": gate["g"][:, None]}, beta=c["b_logit"][:, None],
+                    scale=heads["q"].shape[-1] ** -0.5, initial_state=c["state_pool"], ssm_state_indices=c["slots"],
+                    use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
         return {"o": o[:, 0]}
     return run
 
@@ -110,10 +112,9 @@ stages = bc.stage_list(conv_stage, core_stage)
 
 
 bc.add_composed_backends(op, stages, {
-    "triton": (short_conv_decode.triton_short_conv_decode, gate.triton_gate, rd.triton_recurrent_decode,
+    "triton": (short_conv_decode.triton_short_conv_decode, rd.triton_recurrent_decode,
                gated_rmsnorm.triton_gated_rmsnorm),
-    "torch": (short_conv_decode.torch_short_conv_decode, gate.torch_gate, rd.torch_recurrent_decode,
-              gated_rmsnorm.torch_gated_rmsnorm),
-    "fla": (short_conv_decode.fla_short_conv_decode, gate.fla_gate, rd.fla_recurrent_decode,
-            gated_rmsnorm.fla_gated_rmsnorm),
-}, outputs=("out",), parts_doc="kda.short_conv_decode, kda.gate, kda.recurrent_decode and kda.gated_rmsnorm")
+    "torch": (short_conv_decode.torch_short_conv_decode, rd.torch_recurrent_decode, gated_rmsnorm.torch_gated_rmsnorm),
+    "fla": (short_conv_decode.fla_short_conv_decode, rd.fla_recurrent_decode, gated_rmsnorm.fla_gated_rmsnorm),
+}, outputs=("out",),
+    parts_doc="kda.short_conv_decode, kda.recurrent_decode (its fused gate) and kda.gated_rmsnorm")

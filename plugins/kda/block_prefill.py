@@ -3,15 +3,16 @@
 Calling convention: backend(x=[T, D], cu_seqlens=[N+1] int32, conv_state=[N, conv_dim, W-1] (None: new sequences),
 recurrent_state=[N, H, K, V] fp32 (None: zeros), and the engine's weights by name (block_common.WEIGHT_NAMES, torch
 Linear layout [out, in]; dt_bias [H*K] and a_log [H] fp32)) -> (out [T, D], new conv state, new recurrent state).
-Stages (kda.md "Forward of one block"): projections (torch GEMMs) -> short conv + SiLU -> forget gate -> chunked
-delta-rule core (q/k L2 norm and beta sigmoid inside it) -> gated RMSNorm -> o_proj. Each composed backend takes
-every stage from the per-op backend of the same name and reports a per-stage breakdown.
+Stages (kda.md "Forward of one block"): projections (torch GEMMs) -> short conv + SiLU -> chunked delta-rule core
+(forget gate, q/k L2 norm and beta sigmoid inside it: use_gate_in_kernel with the raw gate logits) -> gated
+RMSNorm -> o_proj. Each composed backend takes every stage from the per-op backend of the same name and reports a
+per-stage breakdown.
 Reference: fp32 GEMMs, the conv reference, the fp32 token-loop core (block_common.reference_block).
 Cost: the projections' 2*T*weights FLOPs plus the chunk core's; bytes = weights + x and out + both states.
 """
 
 from spark_bench.plugins.kda import block_common as bc
-from spark_bench.plugins.kda import chunk_prefill, core_common, gate, gated_rmsnorm, short_conv
+from spark_bench.plugins.kda import chunk_prefill, core_common, gated_rmsnorm, short_conv
 from spark_bench.plugins.kda import weights as kda_weights
 from spark_bench.plugins.kda.core_common import GPU_VARLEN
 from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
@@ -101,13 +102,15 @@ def conv_stage(conv):
 
 
 def core_stage(core):
-    """The chunked core on the conv output; the L2 norm of q, k and the sigmoid of beta run inside it."""
+    """The chunked core on the conv output (q, k, v: strided views); the gate, the L2 norm of q, k and the sigmoid
+    of beta run inside it."""
     def run(c):
         heads = bc.split_heads(c)
-        o, state = core(**heads, g=c["g"][None], beta=c["b_logit"][None], scale=heads["q"].shape[-1] ** -0.5,
-                        initial_state=c["recurrent_state"], output_final_state=True, cu_seqlens=c["cu_seqlens"],
-                        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=True,
-                        A_log=None, dt_bias=None)
+        gate = bc.fused_gate(c)
+        o, state = core(**heads, **{**gate, "g": gate["g"][None]}, beta=c["b_logit"][None],
+                        scale=heads["q"].shape[-1] ** -0.5, initial_state=c["recurrent_state"],
+                        output_final_state=True, cu_seqlens=c["cu_seqlens"], use_qk_l2norm_in_kernel=True,
+                        use_beta_sigmoid_in_kernel=True)
         return {"o": o[0], "new_recurrent_state": state}
     return run
 
@@ -116,11 +119,8 @@ stages = bc.stage_list(conv_stage, core_stage)
 
 
 bc.add_composed_backends(op, stages, {
-    "triton": (short_conv.triton_short_conv, gate.triton_gate, chunk_prefill.triton_chunk_prefill,
-               gated_rmsnorm.triton_gated_rmsnorm),
-    "torch": (short_conv.torch_short_conv, gate.torch_gate, chunk_prefill.torch_chunk_prefill,
-              gated_rmsnorm.torch_gated_rmsnorm),
-    "fla": (short_conv.fla_short_conv, gate.fla_gate, chunk_prefill.fla_chunk_prefill,
-            gated_rmsnorm.fla_gated_rmsnorm),
+    "triton": (short_conv.triton_short_conv, chunk_prefill.triton_chunk_prefill, gated_rmsnorm.triton_gated_rmsnorm),
+    "torch": (short_conv.torch_short_conv, chunk_prefill.torch_chunk_prefill, gated_rmsnorm.torch_gated_rmsnorm),
+    "fla": (short_conv.fla_short_conv, chunk_prefill.fla_chunk_prefill, gated_rmsnorm.fla_gated_rmsnorm),
 }, outputs=("out", "new_conv_state", "new_recurrent_state"),
-    parts_doc="kda.short_conv, kda.gate, kda.chunk_prefill and kda.gated_rmsnorm")
+    parts_doc="kda.short_conv, kda.chunk_prefill (its fused gate) and kda.gated_rmsnorm")
