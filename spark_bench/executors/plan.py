@@ -2,6 +2,11 @@
 
 A case's estimate is the median duration_s of the same case (case_id) in results/*/results.jsonl; else the median of
 its op and backend on the same device type, then on any device; else DEFAULT_CASE_S. Skipped cases cost nothing.
+
+Interpreted cases (Triton on a CPU, TRITON_INTERPRET=1) take time in proportion to the work: the interpreter runs each
+program instance in Python, and one call of a model-size point can take minutes. Their estimate without a stored twin
+scales the largest stored case of the op and backend by the cost model's bytes (never below the op's median), and
+without any history assumes INTERPRETED_BYTES_PER_S.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from typing import Any
 from spark_bench.sweep import Case
 
 DEFAULT_CASE_S = 5.0
+# Cost-model bytes per second of case time of an interpreted Triton case: measured on a 2-core EPYC, the KDA kernels
+# ran at 16-325 KB/s (kda.gate fastest, the chunked and recurrent scans slowest); the slow end, so never optimistic.
+INTERPRETED_BYTES_PER_S = 16e3
 
 
 def stored_durations(root: Path) -> dict[Any, list[float]]:
@@ -37,18 +45,46 @@ def stored_durations(root: Path) -> dict[Any, list[float]]:
             if rec.get("status") != "skipped":
                 for key in keys:
                     found[key].append(seconds)
+                nbytes = (rec.get("cost") or {}).get("bytes") if isinstance(rec.get("cost"), dict) else None
+                if isinstance(nbytes, (int, float)) and nbytes > 0:  # for scaling an interpreted case by its work
+                    found[("bytes", *keys[1])].append((float(nbytes), seconds))
     return found
 
 
-def estimate(case: Case, stored: dict[Any, list[float]]) -> tuple[float, str]:
-    """(seconds, where the number comes from: case / op+backend / default / skipped)."""
+def estimate(case: Case, stored: dict[Any, list[float]], interpreted_bytes: float | None = None) -> tuple[float, str]:
+    """(seconds, where the number comes from: case / op+backend / default / skipped); `interpreted_bytes`: the cost
+    model's bytes of a case that runs in the Triton interpreter (its time grows with them), None otherwise."""
     if case.skip:
         return 0.0, "skipped"
-    for key, source in ((case.case_id, "case"), ((case.op, case.backend, case.device.partition(":")[0]), "op+backend"),
-                        ((case.op, case.backend), "op+backend")):
+    if stored.get(case.case_id):
+        return statistics.median(stored[case.case_id]), "case"
+    dev = case.device.partition(":")[0]
+    for key in ((case.op, case.backend, dev), (case.op, case.backend)):
         if stored.get(key):
-            return statistics.median(stored[key]), source
+            median = statistics.median(stored[key])
+            sized = stored.get(("bytes", case.op, case.backend, dev))
+            if interpreted_bytes and sized:
+                ref_bytes, ref_s = max(sized)
+                if interpreted_bytes > ref_bytes:
+                    return max(median, ref_s * interpreted_bytes / ref_bytes), \
+                        f"interpreted: op+backend x{interpreted_bytes / ref_bytes:.3g} the bytes"
+            return median, "op+backend"
+    if interpreted_bytes:
+        return max(DEFAULT_CASE_S, interpreted_bytes / INTERPRETED_BYTES_PER_S), "interpreted: from its bytes"
     return DEFAULT_CASE_S, "default"
+
+
+def interpreted_bytes(case: Case) -> float | None:
+    """The cost model's bytes when the case's backend runs interpreted on its device (its labels say so), else None."""
+    try:
+        from spark_bench.registry import registry
+
+        op = registry().get(case.op)
+        if "interpreted" not in op.backends[case.backend].labels_for(case.device):
+            return None
+        return float(op.cost(case.params, case.dtype).bytes)
+    except Exception:  # noqa: BLE001 - a plugin's broken cost model or labels: the plain estimate stands
+        return None
 
 
 def _duration(seconds: float) -> str:
@@ -65,15 +101,22 @@ def print_plan(cases: Sequence[Case], todo: Sequence[Case], executor_text: str, 
     echo(f"spark-bench dry run: {len(cases)} cases on {device}, {len(todo)} to run, executor {executor_text}")
     sources: collections.Counter[str] = collections.Counter()
     total = 0.0
+    interpreted = 0
     for case in todo:
-        seconds, source = estimate(case, stored)
-        sources[source] += 1
+        nbytes = None if case.skip else interpreted_bytes(case)
+        interpreted += nbytes is not None
+        seconds, source = estimate(case, stored, nbytes)
+        sources[source.partition(":")[0]] += 1
         total += seconds
         params = " ".join(f"{k}={v}" for k, v in case.params.items())
         note = f"skipped: {case.skip}" if case.skip else f"~{seconds:.2f}s ({source})"
         echo(f"  {case.op} {case.backend} {params} {case.dtype}  {note}")
     basis = ", ".join(f"{n} from {s}" for s, n in sources.items()) or "nothing to run"
     echo(f"estimate: {_duration(total)} of case time ({basis}; default {DEFAULT_CASE_S:g}s per case without history)")
+    if interpreted:
+        echo(f"{interpreted} case(s) run in the Triton interpreter (CPU, TRITON_INTERPRET=1): their time grows with "
+             f"the work, so their estimates are scaled by the cost model's bytes ({INTERPRETED_BYTES_PER_S / 1e3:g} "
+             "KB/s without history); model-size points can take minutes per call")
     wall = total / (workers or 1)
     if workers and workers > 1:
         echo(f"estimated wall time on {workers} workers: {_duration(wall)}")

@@ -178,10 +178,13 @@ def profile_case(op_name: str, backend_name: str, *, sets: Sequence[str] = (), d
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(out / "trace.json"))
+    labels = backend.labels_for(device)
+    what = "cuda kernels (device time)" if device.startswith("cuda") else "aten ops (self CPU time)"
+    if "interpreted" in labels:  # the Triton interpreter's host work, not a kernel's: say so beside every number
+        what += " of the Triton interpreter (interpreted: host time, not a GPU kernel)"
     summary = {
         "op": op.name, "backend": backend.name, "params": params, "dtype": dtype, "device": device, "iters": iters,
-        "weights": weights,
-        "what": "cuda kernels (device time)" if device.startswith("cuda") else "aten ops (self CPU time)",
+        "weights": weights, "labels": labels, "what": what,
         "kernel_us_per_call": sum(r["total_us"] for r in rows) / iters, "kernels": rows,
         "files": {"trace": str(out / "trace.json"), "kernels": str(out / "kernels.json"),
                   "table": str(out / "kernels.txt")},

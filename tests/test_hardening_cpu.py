@@ -1,0 +1,53 @@
+"""Issue 15 items 10 and 15 on a CPU: the dry-run knows that interpreted Triton time grows with the work, and
+`profile` says when it profiled the interpreter."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from spark_bench.executors.plan import INTERPRETED_BYTES_PER_S, estimate, interpreted_bytes, print_plan
+from spark_bench.registry import registry
+from spark_bench.sweep import Case
+
+SMALL = {"tokens": 1, "heads": 4, "head_dim": 128}
+BIG = {"tokens": 8192, "heads": 32, "head_dim": 128}
+
+
+def _stored(root, cases):
+    (root / "old").mkdir(parents=True)
+    op = registry().get("kda.gate")
+    lines = [{"case_id": c.case_id, "op": c.op, "backend": c.backend, "device": "cpu", "status": "ok",
+              "duration_s": seconds, "cost": {"bytes": op.cost(c.params, c.dtype).bytes}} for c, seconds in cases]
+    (root / "old" / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_dry_run_scales_interpreted_cases_by_their_bytes(tmp_path):
+    small = {b: Case("kda.gate", b, SMALL, "bf16", "cpu", 0) for b in ("triton", "torch")}
+    big = {b: Case("kda.gate", b, BIG, "bf16", "cpu", 0) for b in ("triton", "torch")}
+    nbytes = interpreted_bytes(big["triton"])
+    ratio = nbytes / interpreted_bytes(small["triton"])
+    assert ratio > 1000 and interpreted_bytes(big["torch"]) is None  # torch is not interpreted
+    _stored(tmp_path, [(small["triton"], 2.0), (small["torch"], 1.0)])
+    lines: list[str] = []
+    wall = print_plan(list(big.values()), list(big.values()), "local", 1, tmp_path, echo=lines.append)
+    text = "\n".join(lines)
+    assert f"~{2.0 * ratio:.2f}s (interpreted: op+backend x{ratio:.3g} the bytes)" in text  # not the 2 s it once took
+    assert "kda.gate torch tokens=8192 heads=32 head_dim=128 bf16  ~1.00s (op+backend)" in text
+    assert wall == 2.0 * ratio + 1.0
+    assert "1 case(s) run in the Triton interpreter" in text
+    # no history at all: the interpreter's rate, never the 5 s default of a model-size point
+    assert estimate(big["triton"], {}, nbytes) == (nbytes / INTERPRETED_BYTES_PER_S, "interpreted: from its bytes")
+
+
+def test_profile_of_an_interpreted_call_says_so(tmp_path):
+    from spark_bench.telemetry.cli import profile as profile_cmd
+
+    res = CliRunner().invoke(profile_cmd, ["--op", "kda.gate", "--backend", "triton", "--set", "tokens=1", "--set",
+                                           "head_dim=60", "--device", "cpu", "--iters", "1", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    head = res.output.splitlines()[0]
+    assert "interpreted" in head and "Triton interpreter" in head, head
+    saved = json.loads((tmp_path / "kernels.json").read_text())
+    assert saved["labels"] == ["interpreted"] and "interpreter" in saved["what"]
