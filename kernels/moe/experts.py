@@ -4,9 +4,12 @@ w13 [E, 2I, D] holds the gate rows (w1) then the up rows (w3); w2 is [E, D, I].
 
 Grouped path (prefill): moe_align -> _grouped_swiglu (tiles of BM sorted slots x BN of I, both GEMMs of w1|w3 in one
 pass, SwiGLU in the epilogue, h [T*K, I]) -> _grouped_down (h @ w2[e].T, routed weight in the epilogue, one row per
-slot) -> _sum_slots (y[t] = sum over its K slots, fp32). Tiles past the padded count exit at once.
-Decode path (T*K <= min(DECODE_MAX_SLOTS, 2E)): no alignment and no 16-row tile per token: _decode_swiglu is one
-GEMV per (slot, BN of I), _decode_down accumulates a token's K slots (weights applied) for a BN slice of D and writes y.
+slot) -> _sum_slots (y[t] = sum over its K slots, fp32; kernels/moe/slots.py). Both GEMMs run on a 1-D grid in
+grouped tile order (GROUP_M m-tiles sweep every n-tile before the next group starts, so the gathered rows of x or h
+stay in L2 instead of being re-read from DRAM once per n-tile); the grid is trimmed to the tiles the routing can
+fill (T*K + min(E, T*K)*(BM-1) rows), and tiles past the padded count exit at once. BM follows the mean slots per
+expert (BLOCK_M_CONFIGS): 64 or 128 wherever the load allows, so Hopper runs wgmma.
+Decode path (T*K <= min(DECODE_MAX_SLOTS, 2E)): GEMVs without alignment (kernels/moe/experts_decode.py).
 """
 
 import torch
@@ -15,22 +18,50 @@ import triton.language as tl
 from spark_bench.kernels.common import INTERPRET, next_pow2, round_bf16, rounds_bf16
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.moe.align import moe_align
+from spark_bench.kernels.moe.experts_decode import decode
+from spark_bench.kernels.moe.slots import sum_slots
 
-# The grouped (prefill) GEMMs: BN x BK tiles (BM follows the routing load). On sm_90a (triton 3.6) with D or I not
-# a multiple of 16, BM = 64 spilled 92-556 B at 4 warps and BM = 16 spilled 12 B at 8: warps follow BM.
-GROUPED_CONFIGS = declare(ConfigSpace(
-    "moe.experts._grouped", key=("BM", "D", "I"), default={"BN": 64, "BK": 64, "num_warps": 8},
-    buckets=[({"BM": 32}, {"BN": 64, "BK": 64, "num_warps": 4})],
-    candidates=[{"BN": 128, "BK": 64, "num_warps": 8, "num_stages": 3},
-                {"BN": 128, "BK": 64, "num_warps": 8, "num_stages": 4}]))
+# Rows per tile from the mean slots per expert (`load` = T*K // E): padding waste against tensor-core shape.
+BLOCK_M_CONFIGS = declare(ConfigSpace(
+    "moe.experts.block_m", key=("load",), default={"BM": 128},
+    buckets=[({"load": 15}, {"BM": 16}), ({"load": 47}, {"BM": 32}), ({"load": 159}, {"BM": 64})],
+    candidates=[{"BM": 64}],
+    doc="BM of both grouped GEMMs (and the alignment); load = mean slots per expert"))
+# GEMM tiles per BM. On sm_90a (triton 3.6) with D or I not a multiple of 16, BM = 64 spilled 92-556 B at 4 warps
+# and BM = 16 spilled 12 B at 8: warps follow BM. GROUP_M m-tiles share their n sweep.
+SWIGLU_CONFIGS = declare(ConfigSpace(
+    "moe.experts._grouped_swiglu", key=("BM", "D", "I"),
+    default={"BN": 64, "BK": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    buckets=[({"BM": 32}, {"BN": 64, "BK": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3})],
+    candidates=[{"BN": 64, "BK": 64, "GROUP_M": 16, "num_warps": 8, "num_stages": 4},
+                {"BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}],
+    doc="BN columns of w1 and of w3 (two accumulators), BK of D per step, GROUP_M m-tiles per n sweep"))
+DOWN_CONFIGS = declare(ConfigSpace(
+    "moe.experts._grouped_down", key=("BM", "D", "I"),
+    default={"BN": 64, "BK": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    buckets=[({"BM": 32}, {"BN": 64, "BK": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}),
+             ({"BM": 64}, {"BN": 64, "BK": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3})],
+    candidates=[{"BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+                {"BN": 128, "BK": 64, "GROUP_M": 16, "num_warps": 8, "num_stages": 3}],
+    doc="BN columns of D, BK of I per step, GROUP_M m-tiles per n sweep"))
 DECODE_MAX_SLOTS = 64  # GEMV path while T*K <= 64 and <= 2 E (few re-reads of an expert); untuned: check on GPU
 
 
 @triton.jit
-def _grouped_swiglu(x, w13, h, sorted_ids, expert_ids, num_post, D, I, n_slots, K: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST_DOT: tl.constexpr,
-                    RNE: tl.constexpr):
-    i_m, i_n = tl.program_id(0), tl.program_id(1)
+def _tile_mn(n_m, n_n, GROUP_M: tl.constexpr):
+    """(m-tile, n-tile) of this program in grouped order: GROUP_M consecutive m-tiles, m fastest, sweep all n."""
+    pid = tl.program_id(0)
+    per_group = GROUP_M * n_n
+    first = pid // per_group * GROUP_M
+    size = tl.minimum(n_m - first, GROUP_M)
+    return first + (pid % per_group) % size, (pid % per_group) // size
+
+
+@triton.jit
+def _grouped_swiglu(x, w13, h, sorted_ids, expert_ids, num_post, D, I, n_slots, n_m, K: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                    UPCAST_DOT: tl.constexpr, RNE: tl.constexpr):
+    i_m, i_n = _tile_mn(n_m, tl.cdiv(I, BN), GROUP_M)
     if i_m * BM >= tl.load(num_post):
         return
     e = tl.load(expert_ids + i_m).to(tl.int64)
@@ -60,9 +91,10 @@ def _grouped_swiglu(x, w13, h, sorted_ids, expert_ids, num_post, D, I, n_slots, 
 
 
 @triton.jit
-def _grouped_down(h, w2, topk_weights, y, sorted_ids, expert_ids, num_post, D, I, n_slots,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST_DOT: tl.constexpr, RNE: tl.constexpr):
-    i_m, i_n = tl.program_id(0), tl.program_id(1)
+def _grouped_down(h, w2, topk_weights, y, sorted_ids, expert_ids, num_post, D, I, n_slots, n_m,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                  UPCAST_DOT: tl.constexpr, RNE: tl.constexpr):
+    i_m, i_n = _tile_mn(n_m, tl.cdiv(D, BN), GROUP_M)
     if i_m * BM >= tl.load(num_post):
         return
     e = tl.load(expert_ids + i_m).to(tl.int64)
@@ -86,104 +118,48 @@ def _grouped_down(h, w2, topk_weights, y, sorted_ids, expert_ids, num_post, D, I
              mask=m_row[:, None] & m_n[None, :])
 
 
-@triton.jit
-def _sum_slots(y_slots, y, T, D, K: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, RNE: tl.constexpr):
-    o_t = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)
-    o_d = tl.program_id(1) * BD + tl.arange(0, BD)
-    mask = (o_t[:, None] < T) & (o_d[None, :] < D)
-    acc = tl.zeros([BT, BD], dtype=tl.float32)
-    for k in tl.static_range(K):
-        acc += tl.load(y_slots + (o_t[:, None] * K + k) * D + o_d[None, :], mask=mask, other=0.0).to(tl.float32)
-    tl.store(y + o_t[:, None] * D + o_d[None, :], round_bf16(acc, RNE).to(y.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _decode_swiglu(x, w13, h, topk_ids, D, I, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   RNE: tl.constexpr):
-    s, i_n = tl.program_id(0), tl.program_id(1)
-    e = tl.load(topk_ids + s).to(tl.int64)
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_n = o_n < I
-    w_gate = w13 + e * 2 * I * D + o_n[:, None].to(tl.int64) * D
-    acc_g = tl.zeros([BN, BK], dtype=tl.float32)
-    acc_u = tl.zeros([BN, BK], dtype=tl.float32)
-    for k0 in range(0, D, BK):
-        o_k = k0 + tl.arange(0, BK)
-        m_k = o_k < D
-        xv = tl.load(x + (s // K) * D + o_k, mask=m_k, other=0.0).to(tl.float32)[None, :]
-        m_w = m_n[:, None] & m_k[None, :]
-        acc_g += tl.load(w_gate + o_k[None, :], mask=m_w, other=0.0).to(tl.float32) * xv
-        acc_u += tl.load(w_gate + I * D + o_k[None, :], mask=m_w, other=0.0).to(tl.float32) * xv
-    g, u = tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)
-    tl.store(h + s * I + o_n, round_bf16(g / (1.0 + tl.exp(-g)) * u, RNE).to(h.dtype.element_ty), mask=m_n)
-
-
-@triton.jit
-def _decode_down(h, w2, topk_ids, topk_weights, y, D, I, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 RNE: tl.constexpr):
-    t, i_n = tl.program_id(0), tl.program_id(1)
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_n = o_n < D
-    acc = tl.zeros([BN, BK], dtype=tl.float32)
-    for k in range(K):
-        e = tl.load(topk_ids + t * K + k).to(tl.int64)
-        rw = tl.load(topk_weights + t * K + k)
-        w_row = w2 + e * D * I + o_n[:, None].to(tl.int64) * I
-        for k0 in range(0, I, BK):
-            o_k = k0 + tl.arange(0, BK)
-            m_k = o_k < I
-            hv = tl.load(h + (t * K + k) * I + o_k, mask=m_k, other=0.0).to(tl.float32) * rw
-            acc += tl.load(w_row + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0).to(tl.float32) \
-                * hv[None, :]
-    tl.store(y + t * D + o_n, round_bf16(tl.sum(acc, axis=1), RNE).to(y.dtype.element_ty), mask=m_n)
-
-
 def _block(n: int, cap: int) -> int:
     return max(16, min(next_pow2(n), cap))
 
 
-def _decode(x, topk_ids, topk_weights, w13, w2):
-    T, D = x.shape
-    K = topk_ids.shape[1]
-    I = w2.shape[2]
-    h = torch.empty((T * K, I), dtype=x.dtype, device=x.device)
-    y = torch.empty((T, D), dtype=x.dtype, device=x.device)
-    BN, BK = (_block(I, 128), _block(D, 256)) if INTERPRET else (16, 256)
-    _decode_swiglu[(T * K, triton.cdiv(I, BN))](x, w13, h, topk_ids, D, I, K=K, BN=BN, BK=BK,
-                                                        RNE=rounds_bf16(h.dtype))
-    BN, BK = (_block(D, 128), _block(I, 256)) if INTERPRET else (16, 256)
-    _decode_down[(T, triton.cdiv(D, BN))](h, w2, topk_ids, topk_weights, y, D, I, K=K, BN=BN, BK=BK,
-                                                   RNE=rounds_bf16(y.dtype))
-    return y
+def live_tiles(slots: int, experts: int, block_m: int, max_blocks: int) -> int:
+    """Tiles the routing can fill: each hit expert (at most min(E, T*K)) pads its segment by < BM rows."""
+    return min(max_blocks, triton.cdiv(slots + min(experts, slots) * (block_m - 1), block_m))
 
 
-def _grouped(x, topk_ids, topk_weights, w13, w2, block_m):
+def _grouped(x, topk_ids, topk_weights, w13, w2, block_m, group_m=None):
     T, D = x.shape
     E, K, I = w13.shape[0], topk_ids.shape[1], w2.shape[2]
+    P = T * K
     sorted_ids, expert_ids, num_post = moe_align(topk_ids, E, block_m)
-    tiles = expert_ids.shape[0]
-    h = torch.empty((T * K, I), dtype=x.dtype, device=x.device)
-    y_slots = torch.empty((T * K, D), dtype=x.dtype, device=x.device)
-    y = torch.empty((T, D), dtype=x.dtype, device=x.device)
-    meta, options = split(GROUPED_CONFIGS.pick(BM=block_m, D=D, I=I))
+    tiles = live_tiles(P, E, block_m, expert_ids.shape[0])
+    h = torch.empty((P, I), dtype=x.dtype, device=x.device)
+    y_slots = torch.empty((P, D), dtype=x.dtype, device=x.device)
+    meta, options = split(SWIGLU_CONFIGS.pick(BM=block_m, D=D, I=I))
     BN, BK = (_block(I, 128), _block(D, 128)) if INTERPRET else (meta["BN"], meta["BK"])
-    _grouped_swiglu[(tiles, triton.cdiv(I, BN))](x, w13, h, sorted_ids, expert_ids, num_post, D, I, T * K, K=K,
-                                                 BM=block_m, BN=BN, BK=BK, UPCAST_DOT=INTERPRET,
-                                                 RNE=rounds_bf16(h.dtype), **options)
+    G = group_m or meta["GROUP_M"]
+    _grouped_swiglu[(tiles * triton.cdiv(I, BN),)](x, w13, h, sorted_ids, expert_ids, num_post, D, I, P, tiles,
+                                                   K=K, BM=block_m, BN=BN, BK=BK, GROUP_M=G, UPCAST_DOT=INTERPRET,
+                                                   RNE=rounds_bf16(h.dtype), **options)
+    meta, options = split(DOWN_CONFIGS.pick(BM=block_m, D=D, I=I))
     BN, BK = (_block(D, 128), _block(I, 128)) if INTERPRET else (meta["BN"], meta["BK"])
-    _grouped_down[(tiles, triton.cdiv(D, BN))](h, w2, topk_weights, y_slots, sorted_ids, expert_ids, num_post, D,
-                                               I, T * K, BM=block_m, BN=BN, BK=BK, UPCAST_DOT=INTERPRET,
-                                               RNE=rounds_bf16(y_slots.dtype), **options)
-    BT, BD = (_block(T, 64), _block(D, 256)) if INTERPRET else (16, 128)
-    _sum_slots[(triton.cdiv(T, BT), triton.cdiv(D, BD))](y_slots, y, T, D, K=K, BT=BT, BD=BD,
-                                                          RNE=rounds_bf16(y.dtype))
-    return y
+    G = group_m or meta["GROUP_M"]
+    _grouped_down[(tiles * triton.cdiv(D, BN),)](h, w2, topk_weights, y_slots, sorted_ids, expert_ids, num_post,
+                                                 D, I, P, tiles, BM=block_m, BN=BN, BK=BK, GROUP_M=G,
+                                                 UPCAST_DOT=INTERPRET, RNE=rounds_bf16(y_slots.dtype), **options)
+    return sum_slots(y_slots, T, x.dtype)
+
+
+def block_m_for(slots: int, experts: int) -> int:
+    return BLOCK_M_CONFIGS.pick(load=slots // max(1, experts))["BM"]
 
 
 def fused_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
-                  w2: torch.Tensor, path: str = "auto") -> torch.Tensor:
+                  w2: torch.Tensor, path: str = "auto", block_m: int | None = None,
+                  group_m: int | None = None) -> torch.Tensor:
     """x [T, D], topk_ids [T, K] int, topk_weights [T, K] f32, w13 [E, 2I, D], w2 [E, D, I] -> y [T, D] (x.dtype).
-    path: "auto" (decode when T*K <= min(DECODE_MAX_SLOTS, 2E)), "decode" or "grouped"."""
+    path: "auto" (decode when T*K <= min(DECODE_MAX_SLOTS, 2E)), "decode" or "grouped"; block_m / group_m force
+    the grouped path's BM and GROUP_M (tests; else from the declared spaces)."""
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
     topk_ids = topk_ids.to(torch.int32).contiguous()
     topk_weights = topk_weights.float().contiguous()
@@ -195,6 +171,6 @@ def fused_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     if path not in ("decode", "grouped"):
         raise ValueError(f"unknown path {path!r}: auto, decode or grouped")
     if path == "decode":
-        return _decode(x, topk_ids, topk_weights, w13, w2)
-    block_m = 16 if T <= w13.shape[0] or INTERPRET else 64  # vLLM's default: BLOCK_M 16 while M <= E
-    return _grouped(x, topk_ids, topk_weights, w13, w2, block_m)
+        return decode(x, topk_ids, topk_weights, w13, w2)
+    block_m = block_m or block_m_for(T * K, w13.shape[0])
+    return _grouped(x, topk_ids, topk_weights, w13, w2, block_m, group_m)

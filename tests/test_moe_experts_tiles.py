@@ -1,0 +1,58 @@
+"""moe.experts, the Triton paths at forced tile choices: the decode down projection split over slices of I, the
+grouped GEMMs at every BM and several GROUP_M (partial last group), against the fp32 reference. Odd T, E not a
+power of two, top-k 1 and 8, several seeds."""
+
+import pytest
+from spark_bench.kernels.moe.experts import BLOCK_M_CONFIGS, fused_experts, live_tiles
+from spark_bench.kernels.moe.experts_decode import decode, down_split
+
+from spark_bench import get_op
+from spark_bench.check import check_outputs, poisoned_allocations
+
+OP = get_op("moe.experts")
+
+
+def inputs(tokens, experts, topk, seed, hidden=72, inter=40, routing="uniform"):
+    return OP.make_inputs({"tokens": tokens, "hidden": hidden, "experts": experts, "topk": topk, "inter": inter,
+                           "routing": routing}, seed=seed)
+
+
+def assert_matches(inp, **kw):
+    with poisoned_allocations():
+        out = fused_experts(inp["x"], inp["topk_ids"], inp["topk_weights"], inp["w13"], inp["w2"], **kw)
+    check = check_outputs(OP, out, OP.reference(**inp), inp, "bf16")
+    assert check["ok"], check["message"]
+
+
+@pytest.mark.parametrize("seed, tokens, experts, topk, split_i", [
+    (0, 1, 9, 8, 16), (1, 3, 7, 1, 24), (2, 1, 1, 1, 8), (3, 5, 9, 8, None), (4, 3, 9, 8, 40)])
+def test_decode_down_split_over_inter(seed, tokens, experts, topk, split_i):
+    inp = inputs(tokens, experts, topk, seed, routing="zipf" if seed % 2 else "uniform")
+    with poisoned_allocations():
+        out = decode(inp["x"], inp["topk_ids"].int(), inp["topk_weights"].float(), inp["w13"], inp["w2"],
+                     split_i=split_i)
+    check = check_outputs(OP, out, OP.reference(**inp), inp, "bf16")
+    assert check["ok"], check["message"]
+
+
+@pytest.mark.parametrize("seed, tokens, experts, topk, block_m, group_m", [
+    (0, 37, 9, 8, 16, 3), (1, 37, 9, 1, 16, 2), (2, 19, 11, 8, 32, 1), (3, 45, 3, 1, 64, 2), (4, 23, 9, 8, 64, 8)])
+def test_grouped_tile_orders(seed, tokens, experts, topk, block_m, group_m):
+    routing = ("uniform", "zipf", "worst")[seed % 3]
+    assert_matches(inputs(tokens, experts, topk, seed, routing=routing), path="grouped", block_m=block_m,
+                   group_m=group_m)
+
+
+def test_block_m_follows_the_load_and_the_grid_is_trimmed():
+    assert [BLOCK_M_CONFIGS.pick(load=n)["BM"] for n in (0, 8, 16, 47, 48, 159, 160, 512)] == \
+        [16, 16, 32, 32, 64, 64, 128, 128]
+    assert live_tiles(8, 256, 16, 248) == 8  # one slot per tile at most
+    assert live_tiles(128, 256, 16, 248) == 128
+    assert live_tiles(131072, 256, 128, 1278) == 1278  # prefill: the worst case bound itself
+
+
+def test_decode_split_reaches_the_cta_target():
+    # Kimi-Linear T = 1: 8 slots x 144 D tiles already >= 1024; the shared expert (1 slot) splits I in 8
+    assert down_split(8, 2304, 1024, 16, 256, 1024) == (1, 1024)
+    S, i_split = down_split(1, 2304, 1024, 16, 128, 1024)
+    assert S * 144 >= 1024 and i_split % 128 == 0 and S * i_split >= 1024
