@@ -12,6 +12,18 @@ import torch
 import triton
 import triton.language as tl
 from spark_bench.kernels.common import INTERPRET, next_pow2
+from spark_bench.kernels.configs import ConfigSpace, declare, split
+
+# Chunks of BN = min(TILE // next_pow2(E), BN_MAX) slots for _align_count and _align_scatter (a [BN, BE] tile; the
+# E = 1 scatter spilled on sm_90a at BN = 16384); the offsets pass walks [BUDGET // BE]-row tiles.
+CHUNK_CONFIGS = declare(ConfigSpace(
+    "moe.align._align_chunks", key=("N", "E"), default={"TILE": 16384, "BN_MAX": 8192, "num_warps": 4},
+    candidates=[{"TILE": 8192, "BN_MAX": 4096, "num_warps": 4}, {"TILE": 16384, "BN_MAX": 8192, "num_warps": 8}],
+    doc="slots per chunk of the count and scatter kernels (one program each)"))
+OFFSETS_CONFIGS = declare(ConfigSpace(
+    "moe.align._align_offsets", key=("N", "E"), default={"BUDGET": 8192, "num_warps": 4},
+    candidates=[{"BUDGET": 4096, "num_warps": 4}, {"BUDGET": 16384, "num_warps": 8}],
+    doc="elements per [chunks, BE] / [tiles, BE] step of the single-program offsets pass"))
 
 
 @triton.jit
@@ -74,8 +86,9 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     N, E, dev = ids.numel(), num_experts, ids.device
     max_padded, max_blocks = align_sizes(N, E, block_m)
     BE = next_pow2(E)
-    # [BN, BE] count/scatter tiles of <= 16k elements; BN <= 8192 (a [16384, 1] scatter tile spills on sm_90a)
-    BN = max(16, min(next_pow2(N), (1 << 16 if INTERPRET else 16384) // BE, 1 << 16 if INTERPRET else 8192))
+    chunks, chunk_options = split(CHUNK_CONFIGS.pick(N=N, E=E))
+    BN = max(16, min(next_pow2(N), (1 << 16 if INTERPRET else chunks["TILE"]) // BE,
+                     1 << 16 if INTERPRET else chunks["BN_MAX"]))
     n_chunks = triton.cdiv(N, BN)
     counts = torch.empty((n_chunks, BE), dtype=torch.int32, device=dev)
     base = torch.empty_like(counts)
@@ -83,11 +96,12 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     sorted_ids = torch.full((max_padded,), N, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     num_post = torch.empty(1, dtype=torch.int32, device=dev)
-    _align_count[(n_chunks,)](ids, counts, N, E, BN=BN, BE=BE)
-    budget = 1 << 16 if INTERPRET else 8192
+    _align_count[(n_chunks,)](ids, counts, N, E, BN=BN, BE=BE, **chunk_options)
+    offsets, offsets_options = split(OFFSETS_CONFIGS.pick(N=N, E=E))
+    budget = 1 << 16 if INTERPRET else offsets["BUDGET"]
     BB = max(16, min(next_pow2(max_blocks), budget // BE))
     BC = max(2, min(next_pow2(n_chunks), budget // BE))
     _align_offsets[(1,)](counts, base, start, expert_ids, num_post, n_chunks, max_blocks, E, BM=block_m, BE=BE,
-                         BC=BC, BB=BB)
-    _align_scatter[(n_chunks,)](ids, base, start, sorted_ids, N, E, BN=BN, BE=BE)
+                         BC=BC, BB=BB, **offsets_options)
+    _align_scatter[(n_chunks,)](ids, base, start, sorted_ids, N, E, BN=BN, BE=BE, **chunk_options)
     return sorted_ids, expert_ids, num_post

@@ -12,8 +12,22 @@ import torch
 import triton
 import triton.language as tl
 from spark_bench.kernels.common import INTERPRET, next_pow2, row_block
+from spark_bench.kernels.configs import ConfigSpace, declare, split
 
 from spark_bench import triton_env
+
+# Logits tiles; D is split into slices until the (T, E) tiles x slices reach 2 programs per SM. The prefill
+# candidate is a whole-row-block tile (64 tokens x 128 experts, wgmma on sm_90a) that re-reads w 4x less.
+LOGITS_CONFIGS = declare(ConfigSpace(
+    "moe.router._router_logits", key=("T", "E", "D"), default={"BT": 16, "BE": 32, "BD": 64, "num_warps": 4},
+    candidates=[{"BT": 16, "BE": 64, "BD": 128, "num_warps": 4},
+                {"BT": 64, "BE": 128, "BD": 64, "num_warps": 8, "num_stages": 3}],
+    doc="BT tokens x BE experts per program, BD of D per step"))
+# Selection: BT = BUDGET // next_pow2(E) rows per program (the whole expert row in registers).
+SELECT_CONFIGS = declare(ConfigSpace(
+    "moe.router._router_select", key=("T", "E"), default={"BUDGET": 2048, "num_warps": 4},
+    candidates=[{"BUDGET": 1024, "num_warps": 4}, {"BUDGET": 4096, "num_warps": 8}],
+    doc="elements of the [BT, next_pow2(E)] score tile per program"))
 
 
 @triton.jit
@@ -88,15 +102,17 @@ def router_logits_partial(x: torch.Tensor, gate_w: torch.Tensor) -> torch.Tensor
     """[S, T, E] f32 partial logits over S slices of D (S = 1 unless the T x E tiles alone underfill the GPU)."""
     T, D = x.shape
     E = gate_w.shape[0]
+    meta, options = split(LOGITS_CONFIGS.pick(T=T, E=E, D=D))
     BT, BE, BD = (16, min(64, max(16, next_pow2(E))), min(256, max(16, next_pow2(D)))) if INTERPRET else \
-        (16, 32, 64)
+        (meta["BT"], meta["BE"], meta["BD"])
     tiles = triton.cdiv(T, BT) * triton.cdiv(E, BE)
     want = max(1, min(triton.cdiv(D, BD), triton.cdiv(2 * triton_env.sm_count(x.device), tiles)))
     d_split = triton.cdiv(triton.cdiv(D, want), BD) * BD
     S = triton.cdiv(D, d_split)
     partial = torch.empty((S, T, E), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(T, BT), triton.cdiv(E, BE), S)
-    _router_logits[grid](x, gate_w, partial, T, E, D, d_split, BT=BT, BE=BE, BD=BD, UPCAST_DOT=INTERPRET)
+    _router_logits[grid](x, gate_w, partial, T, E, D, d_split, BT=BT, BE=BE, BD=BD, UPCAST_DOT=INTERPRET,
+                         **options)
     return partial
 
 
@@ -112,9 +128,10 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, gate_bias: torch.Tensor, topk: 
     weights = torch.empty((T, topk), dtype=torch.float32, device=x.device)
     ids = torch.empty((T, topk), dtype=torch.int32, device=x.device)
     BE = next_pow2(E)
-    BT = row_block(BE, budget=2048)
+    meta, options = split(SELECT_CONFIGS.pick(T=T, E=E))
+    BT = row_block(BE, budget=meta["BUDGET"])
     _router_select[(triton.cdiv(T, BT),)](partial, gate_bias.float().contiguous(), weights, ids, T,
                                           partial.shape[0], float(routed_scaling_factor), E=E, K=topk, G=groups,
                                           TG=topk_groups, BT=BT, BE=BE, BK=next_pow2(topk),
-                                          BG=next_pow2(groups))
+                                          BG=next_pow2(groups), **options)
     return weights, ids
