@@ -15,10 +15,11 @@ from spark_bench.console import console, failures_table, results_table, summary_
 from spark_bench.devices import check_device, default_device
 from spark_bench.history.cli import history
 from spark_bench.kernelgate.cli import kernels
-from spark_bench.options import check_run_options, refuse_sweep_options_with_resume
+from spark_bench.options import check_run_options, refuse_sweep_options_with_resume, sweep_options, sweep_spec
 from spark_bench.report.cli import compare, report
-from spark_bench.sweep import SweepSpec, UsageError, parse_set
+from spark_bench.sweep import UsageError
 from spark_bench.telemetry.cli import calibrate, profile
+from spark_bench.tune.cli import load_tuned, tune, tuned
 from spark_bench.weights.cli import make_spec, weight_options
 
 RESULTS_ROOT = Path("results")
@@ -112,18 +113,10 @@ def env_cmd(as_json: bool, device: str | None) -> None:
 
 
 @main.command("run")
-@click.option("--op", "ops", multiple=True, help="Op name or glob (repeatable), e.g. 'kda.*'. Default: all ops.")
-@click.option("--backend", "backends", multiple=True, help="Backend name (repeatable). Default: every default one.")
-@click.option("--preset", default=None, help="Named model shape set, e.g. kimi-linear.")
-@click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Sweep these values of an axis.")
-@click.option("--dtype", "dtypes", multiple=True, help="bf16, fp16, fp32 (repeatable or comma-separated).")
-@click.option("--device", default=None, help="cpu or cuda[:N] (default: cuda if present, else cpu).")
-@click.option("--quick", is_flag=True, help="Small shapes and a short timing budget: every op in minutes.")
-@click.option("--full", is_flag=True, help="On CPU, sweep the full (GPU) shapes instead of the quick ones.")
+@sweep_options
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Run directory (default results/<id>).")
 @click.option("--resume", type=click.Path(path_type=Path), default=None, help="Finish an interrupted run in DIR.")
 @click.option("--timeout", type=float, default=None, help="Seconds a case may spend in one phase before it is killed.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of every input factory.")
 @click.option("--max-time", type=float, default=None, help="Timing budget per case, seconds.")
 @click.option("--min-samples", type=int, default=None, help="Minimum timed samples per case.")
 @click.option("--target-ci", type=float, default=None, help="Stop when the median's 95% CI is within this fraction.")
@@ -144,10 +137,13 @@ def env_cmd(as_json: bool, device: str | None) -> None:
               help="Add the run to this history database when it ends (see `spark-bench history`).")
 @click.option("--no-confirm-crashes", is_flag=True,
               help="Record a crash at once, without re-running the case in a fresh worker to confirm it is its own.")
+@click.option("--tuned", default=None, metavar="FILE|auto",
+              help="Launch the kernels with a tuned-config table (`spark-bench tune`); auto: this device's table "
+                   "under results/tuned/ when there is one.")
 @weight_options
 def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resume, timeout, seed, max_time,
             min_samples, target_ci, no_flush, timer, no_energy, no_report, executor_kind, devices, ray_address,
-            retries, dry_run, history_db, no_confirm_crashes, weights, layer, routing,
+            retries, dry_run, history_db, no_confirm_crashes, tuned, weights, layer, routing,
             activations) -> None:
     """Sweep ops x backends x shapes x dtypes: check each case against the reference, then time it."""
     from spark_bench.session import Session
@@ -166,14 +162,9 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
         spec = session.spec
     else:
         device = check_device(device or default_device())
-        overrides: dict[str, list[str]] = {}
-        for text in sets:
-            axis, values = parse_set(text)
-            overrides.setdefault(axis, []).extend(values)
-        spec = SweepSpec(ops=list(ops), backends=list(backends), preset=preset, overrides=overrides,
-                         dtypes=[d for text in dtypes for d in text.split(",") if d], device=device,
-                         quick=quick or (device == "cpu" and not full), seed=seed,
-                         weights=make_spec(weights, layer, routing, activations))
+        spec = sweep_spec(ops=ops, backends=backends, preset=preset, sets=sets, dtypes=dtypes, device=device,
+                          quick=quick, full=full, seed=seed, weights=make_spec(weights, layer, routing, activations))
+        spec.tuned = load_tuned(tuned, device, RESULTS_ROOT, warn=lambda m: click.echo(f"warning: {m}", err=True))
         from spark_bench.timing import config_for  # torch: imported once a run starts, not for every command
 
         cfg = config_for(device, quick, max_time_s=max_time, min_samples=min_samples, target_rel_ci=target_ci,
@@ -222,3 +213,5 @@ for _command in (report, compare, calibrate, profile):  # the commands of the re
     main.add_command(_command)
 main.add_command(history)  # spark_bench/history: the performance history across runs and commits
 main.add_command(kernels)  # spark_bench/kernelgate: the offline GPU compile gate
+main.add_command(tune)  # spark_bench/tune: the best config of each declared kernel on this device
+main.add_command(tuned)

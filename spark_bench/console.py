@@ -113,6 +113,16 @@ def summary_line(summary: dict[str, int]) -> str:
     return ", ".join(parts)
 
 
+def backend_label(case) -> str:
+    """The backend, and the forced kernel configs of a `tune` candidate: 'triton[BK=64,num_warps=4]'."""
+    configs = getattr(case, "configs", None)
+    if not configs:
+        return case.backend
+    from spark_bench.tune.space import config_id
+
+    return f"{case.backend}[{';'.join(config_id(c) for c in configs.values())}]"
+
+
 class SweepProgress:
     """A rich progress bar with the current case, its phase and an ETA on a terminal; one line per finished case
     otherwise (CI logs)."""
@@ -138,7 +148,7 @@ class SweepProgress:
     def phase(self, case, phase: str) -> None:
         if self.progress:
             params = escape(clip_params(case.params))
-            text = f"{escape(case.op)} [bold]{escape(case.backend)}[/] {params} {case.dtype}: {phase}"
+            text = f"{escape(case.op)} [bold]{escape(backend_label(case))}[/] {params} {case.dtype}: {phase}"
             self.progress.update(self.task, description=text)
 
     def result(self, case, record: dict[str, Any]) -> None:
@@ -148,12 +158,14 @@ class SweepProgress:
         if self.progress:  # the bar counts the cases that run: skipped ones leave its total
             self.progress.update(self.task, completed=self.done - self.skipped, total=self.total - self.skipped)
             if record["status"] in FAILED:
-                detail = f"{case.op} {case.backend} {fmt_params(case.params)} {case.dtype}: {record.get('error') or ''}"
+                detail = (f"{case.op} {backend_label(case)} {fmt_params(case.params)} {case.dtype}: "
+                          f"{record.get('error') or ''}")
                 self.out.print(f"[{STATUS_STYLE[record['status']]}]{record['status']}[/] {escape(detail[:200])}")
             return
         elapsed = time.monotonic() - self.started
         measured = self.done - self.skipped
         eta = elapsed / measured * (self.total - self.done) if measured else 0.0
         self.out.print(f"[{self.done}/{self.total} {elapsed:.0f}s eta {eta:.0f}s] {record['status']:8s} "
-                       f"{case.op} {case.backend} {fmt_params(case.params)} {case.dtype} {latency_cell(record)} us",
+                       f"{case.op} {backend_label(case)} {fmt_params(case.params)} {case.dtype} "
+                       f"{latency_cell(record)} us",
                        markup=False, soft_wrap=True)  # one line per case in logs, however long

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
-from spark_bench.sweep import UsageError
+import click
+
+from spark_bench.sweep import SweepSpec, UsageError, parse_set
 
 # `run` options that define the sweep or how it is measured: fixed in run.json, so `--resume` refuses them
 RESUME_FIXED = ("ops", "backends", "preset", "sets", "dtypes", "device", "quick", "full", "out", "seed", "timeout",
                 "max_time", "min_samples", "target_ci", "no_flush", "timer", "weights", "layer", "routing",
-                "activations")
+                "activations", "tuned")
 
 
 def positive(option: str, value: float | None, *, integer: bool = False) -> None:
@@ -48,3 +51,34 @@ def refuse_sweep_options_with_resume(ctx: Any, resume: Any) -> None:
     if given:
         raise UsageError(f"--resume {resume} runs the sweep stored in its run.json; drop {', '.join(given)} "
                          "(or start a new run)")
+
+
+def sweep_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that choose a sweep's cases, shared by `run` and `tune` (their values go to `sweep_spec`)."""
+    options = [
+        click.option("--op", "ops", multiple=True, help="Op name or glob (repeatable), e.g. 'kda.*'. Default: all."),
+        click.option("--backend", "backends", multiple=True, help="Backend name (repeatable). Default: every "
+                     "default one."),
+        click.option("--preset", default=None, help="Named model shape set, e.g. kimi-linear."),
+        click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Sweep these values of an axis."),
+        click.option("--dtype", "dtypes", multiple=True, help="bf16, fp16, fp32 (repeatable or comma-separated)."),
+        click.option("--device", default=None, help="cpu or cuda[:N] (default: cuda if present, else cpu)."),
+        click.option("--quick", is_flag=True, help="Small shapes and a short timing budget: every op in minutes."),
+        click.option("--full", is_flag=True, help="On CPU, sweep the full (GPU) shapes instead of the quick ones."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seed of every input factory."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def sweep_spec(*, ops, backends, preset, sets, dtypes, device: str, quick: bool, full: bool, seed: int,
+               weights: dict[str, Any] | None = None) -> SweepSpec:
+    """The SweepSpec of `sweep_options` values (device already checked). CPU sweeps are quick unless --full."""
+    overrides: dict[str, list[str]] = {}
+    for text in sets:
+        axis, values = parse_set(text)
+        overrides.setdefault(axis, []).extend(values)
+    return SweepSpec(ops=list(ops), backends=list(backends), preset=preset, overrides=overrides,
+                     dtypes=[d for text in dtypes for d in text.split(",") if d], device=device,
+                     quick=quick or (device == "cpu" and not full), seed=seed, weights=weights)

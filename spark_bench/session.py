@@ -77,7 +77,10 @@ class Session:
         reg = registry()
         for err in reg.errors:  # `list` shows them too; a run must not hide a plugin that is missing
             console(stderr=True).print(f"warning: plugin {err.source} failed to load: {err.message}", markup=False)
-        cases = build_cases(reg, spec)
+        notes: list[str] = []
+        cases = build_cases(reg, spec, notes)
+        for note in notes:
+            console(stderr=True).print(f"note: {note}", markup=False)
         if not cases:
             raise UsageError("the selection has no cases (no backend or parameter point matches)")
         from spark_bench.memory import guard
@@ -116,6 +119,9 @@ class Session:
         store.read_run()  # a directory that is not a run is refused before it is locked (no .lock left in it)
         store.lock()  # held until this process ends: a resume while the run is still going is refused
         run = store.read_run()  # again, under the lock: what the previous owner left
+        if run.get("kind") == "tune":  # its cases are the tune's plan, not the sweep's
+            raise results.ResultsError(f"{path} is a tune directory; resume it with `spark-bench tune --resume "
+                                       f"{path}`")
         raw = dict(run.get("spec") or {})
         try:
             cfg = TimingConfig(**raw.pop("timing"))

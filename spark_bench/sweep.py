@@ -164,12 +164,13 @@ def _probe(reg: Registry, ops: Sequence[Op], spec: SweepSpec) -> dict[tuple[str,
     return probe_backends(chosen, spec.device, isolate=reg is registry_module._REGISTRY)
 
 
-def build_cases(reg: Registry, spec: SweepSpec) -> list[Case]:
-    """Every case of the sweep, in run order. Unavailable backends become `skip` cases with the reason."""
+def build_cases(reg: Registry, spec: SweepSpec, notes: list[str] | None = None) -> list[Case]:
+    """Every case of the sweep, in run order. Unavailable backends become `skip` cases with the reason; what the
+    user should hear about the selection (e.g. ops a weight file cannot feed) is appended to `notes`."""
     ops = validate(reg, spec)
     from spark_bench.weights.plan import bind  # --weights/--routing: the ops a layer feeds and the axes it fixes
 
-    ops, fixed = bind(ops, spec, _typed_overrides)
+    ops, fixed = bind(ops, spec, _typed_overrides, notes)
     cases: list[Case] = []
     probed = _probe(reg, ops, spec)  # third-party probes run isolated, with a timeout (spark_bench/isolate.py)
     for op in ops:

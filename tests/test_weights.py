@@ -247,7 +247,10 @@ def test_an_mla_layer_has_no_kda_block(tmp_path):
     assert src.kda is None and src.moe is not None and src.family.name == "kimi-linear"
     spec = SweepSpec(ops=["kda.*", "moe.router"], backends=["torch"], quick=True, weights=src.spec,
                      overrides={"topk": ["2"]})  # no config.json: the top-k is given
-    assert {c.op for c in build_cases(registry(), spec)} == {"moe.router"}  # the KDA ops left out of the glob
+    notes = []
+    assert {c.op for c in build_cases(registry(), spec, notes)} == {"moe.router"}  # the KDA ops left out of the glob
+    [note] = notes  # and the user is told which and why
+    assert "kda.gate (" in note and "has no KDA block" in note and "moe.router" not in note
     with pytest.raises(WeightError, match="kda.gate: .* layer 3 has no KDA block"):
         build_cases(registry(), SweepSpec(ops=["kda.gate"], quick=True, weights=src.spec))
 

@@ -78,6 +78,14 @@ def test_weight_errors_are_one_line_exit_2(files, name, args, needle):
     assert "Traceback" not in out + err
 
 
+@pytest.mark.parametrize("name, args, needle", [ERRORS[0], ERRORS[6]])
+def test_tune_takes_the_weights_and_refuses_the_same_errors(files, name, args, needle, tmp_path):
+    code, out, err = run_cli("tune", "--weights", files[name], *args, "--run-dir", tmp_path / "never")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err
+    assert not (tmp_path / "never").exists()
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--op", "moe.experts", "--set", "routing=model"], "routing=model needs --weights"),
     (["--op", "kda.gate", "--layer", "3"], "--layer needs --weights PATH"),

@@ -212,6 +212,39 @@ def capture(ops: list[str], backends: list[str], preset: str | None, overrides: 
     return list(recorder.specs.values()), errors, cases
 
 
+def capture_cases(cases: list[dict[str, Any]], target_name: str) -> tuple[list[Spec], list[dict[str, Any]]]:
+    """Capture explicit cases ({op, backend, params, dtype, configs?, weights?}; `configs` forces kernel configs as
+    a `tune` candidate would): the specs (each launch names its `case` index) and, per case, the declared-kernel
+    picks (spark_bench/tune/space.py) and the error, if any. In this process (as `capture`)."""
+    from spark_bench.kernelgate.targets import TARGETS
+    from spark_bench.registry import registry
+    from spark_bench.tune.space import SPACES, applied, recording
+    from spark_bench.weights import using
+
+    reg = registry()
+    recorder = Recorder(TARGETS[target_name])
+    outcomes: list[dict[str, Any]] = []
+    with recorder.active():
+        for index, case in enumerate(cases):
+            recorder.context = {"case": index, **{k: case[k] for k in ("op", "backend", "params", "dtype")}}
+            outcome: dict[str, Any] = {"picks": [], "error": None}
+            try:
+                op = reg.get(case["op"])
+                backend = op.backends[case["backend"]]
+                with using(case.get("weights")), applied(case.get("configs")), recording() as picks:
+                    inputs = op.make_inputs(case["params"], device="meta", dtype=case["dtype"], seed=0)
+                    fn = backend.setup(backend.fn, inputs) if backend.setup else backend.fn
+                    fn(**inputs)
+                outcome["picks"] = picks
+                outcome["spaces"] = {k: {"candidates": [dict(c) for c in SPACES[k].candidates],
+                                         "default": dict(SPACES[k].default)}
+                                     for k in {p["kernel"] for p in picks} if k in SPACES}
+            except Exception as exc:
+                outcome["error"] = _one_line(exc)
+            outcomes.append(outcome)
+    return list(recorder.specs.values()), outcomes
+
+
 def _one_line(exc: BaseException) -> str:
     frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
     where = f" ({os.path.basename(frame[0].filename)}:{frame[0].lineno})" if frame else ""
@@ -235,8 +268,14 @@ def run_capture(request: dict[str, Any], timeout: float = 900) -> dict[str, Any]
 
 def main() -> None:
     """stdin: {"ops", "backends", "presets": [None | name, ...], "overrides", "dtypes", "quick", "target"};
-    stdout (last line): {"specs", "errors", "cases"} over every preset's sweep (None: the plain GPU sweep)."""
+    stdout (last line): {"specs", "errors", "cases"} over every preset's sweep (None: the plain GPU sweep).
+    Or stdin {"cases": [...], "target"} (see `capture_cases`)."""
     request = json.loads(sys.stdin.read())
+    if "cases" in request:  # explicit cases (spark-bench tune): {"specs", "cases": [{picks, error}, ...]}
+        with contextlib.redirect_stdout(sys.stderr):
+            specs, outcomes = capture_cases(request["cases"], request.get("target", "sm_90a"))
+        print(json.dumps({"specs": [s.to_dict() for s in specs], "cases": outcomes}, default=str))
+        return
     merged: dict[str, Spec] = {}
     errors: list[dict[str, Any]] = []
     cases = 0

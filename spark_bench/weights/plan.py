@@ -21,8 +21,10 @@ REPLAY_ROUTINGS = ("model", "file")
 ROUTER_DEFAULTS = {"groups": 1, "topk_groups": 1}  # when the file does not say (no config.json / GGUF metadata)
 
 
-def bind(ops: list, spec: Any, typed_overrides) -> tuple[list, dict[str, dict[str, list[Any]]]]:
-    """(the ops to sweep, {op name: {axis: [values]} to put over the user's overrides}). Raises WeightError."""
+def bind(ops: list, spec: Any, typed_overrides, notes: list[str] | None = None
+         ) -> tuple[list, dict[str, dict[str, list[Any]]]]:
+    """(the ops to sweep, {op name: {axis: [values]} to put over the user's overrides}). Raises WeightError. The
+    ops a glob selected but the layer cannot feed are left out, each with its reason appended to `notes`."""
     routing_values = list(spec.overrides.get("routing", []))
     if spec.weights is None:
         for value in REPLAY_ROUTINGS:
@@ -63,6 +65,8 @@ def bind(ops: list, spec: Any, typed_overrides) -> tuple[list, dict[str, dict[st
             fixed[op.name] = axes
     if not kept:
         raise WeightError(f"no selected op can run on {src.where}: {'; '.join(dropped)}")
+    if dropped and notes is not None:
+        notes.append(f"left out of the sweep, {src.where} cannot feed them: {'; '.join(dropped)}")
     return kept, fixed
 
 

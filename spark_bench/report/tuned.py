@@ -1,0 +1,69 @@
+"""The report's "Tuned configs" section: for a run launched with `--tuned`, which kernels of each op ran a tuned
+config, and what the tune measured for it against the declared default (the tune's numbers, on the device it ran
+on, not this run's)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from spark_bench.report.model import RunData
+
+
+def _fmt_key(key: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in key.items())
+
+
+def _fmt_config(config: dict[str, Any]) -> str:
+    from spark_bench.tune.space import config_id
+
+    return config_id(config)
+
+
+def rows(run: RunData) -> list[list[Any]]:
+    """[op, kernel, key, config, cases, tuned µs, default µs, speedup, measured] for each tuned config a case ran."""
+    table = ((run.run.get("spec") or {}).get("tuned") or {}).get("data") or {}
+    entries = table.get("kernels") or {}
+    out, seen = [], set()
+    for rec in run.results:
+        for kernel, source in (rec.get("config_source") or {}).items():
+            if source != "tuned":
+                continue
+            ran = (rec.get("config") or {}).get(kernel)
+            for config in ran if isinstance(ran, list) else [ran]:
+                for entry in entries.get(kernel, []):
+                    if entry.get("config") == config and (rec["op"], kernel, str(entry["key"])) not in seen:
+                        seen.add((rec["op"], kernel, str(entry["key"])))
+                        out.append([rec["op"], kernel, _fmt_key(entry["key"]), _fmt_config(config),
+                                    _cases(run, rec["op"], kernel), entry.get("time_us"),
+                                    (entry.get("default") or {}).get("time_us"),
+                                    f"{entry.get('speedup', 0):.3f}x", entry.get("measured") or ""])
+    return sorted(out, key=lambda r: (r[0], r[1], r[2]))
+
+
+def _cases(run: RunData, op: str, kernel: str) -> str:
+    of_op = [r for r in run.results if r.get("op") == op and kernel in (r.get("config_source") or {})]
+    tuned = [r for r in of_op if (r.get("config_source") or {}).get(kernel) == "tuned"]
+    return f"{len(tuned)} of {len(of_op)}"
+
+
+def tuned_section(runs: Sequence[RunData], table_html, esc) -> str:
+    """HTML (empty when no run used a tuned table); `table_html(headers, rows)` and `esc` are the page's own."""
+    parts = []
+    for run in runs:
+        tuned = (run.run.get("spec") or {}).get("tuned")
+        if not tuned:
+            continue
+        data = tuned.get("data") or {}
+        device = (data.get("device") or {}).get("name") or "?"
+        body = rows(run)
+        parts.append(f"<p>{esc(run.label)}: table {esc(tuned.get('path'))}, tuned on {esc(device)} "
+                     f"(updated {esc(data.get('updated'))}). The times are the tune's, default against tuned "
+                     "config, not this run's.</p>")
+        parts.append(table_html(["op", "kernel", "key", "tuned config", "cases with it", "tuned µs", "default µs",
+                                 "speedup", "measured"], body) if body else
+                     "<p>No case of this run launched a kernel the table holds: every config was the declared "
+                     "default.</p>")
+    if not parts:
+        return ""
+    return f'<section id="tuned"><h2>Tuned configs</h2>{"".join(parts)}</section>'

@@ -1,0 +1,131 @@
+"""`spark-bench tune` (find each declared kernel's best config here, prune offline first) and `spark-bench tuned`
+(show or merge tuned-config tables); `load_tuned` is `run --tuned`. docs/tune.md."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from spark_bench.options import (
+    check_run_options,
+    positive,
+    refuse_sweep_options_with_resume,
+    sweep_options,
+    sweep_spec,
+)
+from spark_bench.sweep import UsageError
+from spark_bench.weights.cli import weight_options
+
+RESULTS_ROOT = Path("results")
+
+
+def load_tuned(spec: str | None, device: str, root: Path, warn) -> dict[str, Any] | None:
+    """`run --tuned FILE|auto` -> {"path", "data"} stored in the run's spec (a resume uses the same table)."""
+    if spec is None:
+        return None
+    from spark_bench.fingerprint import device_info
+    from spark_bench.tune.store import TunedStore, default_path, describe_device, device_identity, resolve
+
+    info = device_info(device)
+    path = resolve(spec, info, root)
+    if path is None:
+        warn(f"--tuned auto: no tuned table for this device ({default_path(info, root)}); the declared configs run")
+        return None
+    table = TunedStore.load(path)
+    if table.data["device_id"] != device_identity(info)[1]:
+        warn(f"{path} was tuned on {describe_device(table.data['device'])}, not on this "
+             f"{describe_device(device_identity(info)[0])}: its configs may not be the best here")
+    return {"path": str(path), "data": table.data}
+
+
+@click.command("tune")
+@sweep_options
+@click.option("--budget", type=float, default=None, metavar="S",
+              help="Seconds the whole search may take (planning included); the likely winners are timed first.")
+@click.option("--out", type=click.Path(path_type=Path), default=None, metavar="FILE",
+              help="Tuned-config table to write or merge into (default: results/tuned/<this device>.json).")
+@click.option("--run-dir", type=click.Path(path_type=Path), default=None,
+              help="Directory of the tune's journal (default results/tune-<id>).")
+@click.option("--resume", type=click.Path(path_type=Path), default=None, help="Finish an interrupted tune in DIR.")
+@click.option("--target", default=None, metavar="sm_90a|sm_80|sm_100a|none",
+              help="Offline pruning target (default: this GPU's; on a CPU sm_90a); none: no pruning.")
+@click.option("--jobs", type=int, default=None, help="Parallel offline compiles (default: all cores).")
+@click.option("--timeout", type=float, default=None, help="Seconds a case may spend in one phase before it is killed.")
+@click.option("--max-time", type=float, default=None, help="Timing budget per case, seconds.")
+@click.option("--min-samples", type=int, default=None, help="Minimum timed samples per case.")
+@click.option("--executor", "executor_kind", type=click.Choice(["inprocess", "local"]), default="local",
+              show_default=True, help="Where cases run: worker processes here, or this process (debugging).")
+@weight_options
+def tune(ops, backends, preset, sets, dtypes, device, quick, full, seed, budget, out, run_dir, resume, target,
+         jobs, timeout, max_time, min_samples, executor_kind, weights, layer, routing, activations) -> None:
+    """Time every declared config of each Triton kernel the selected ops launch (checked, crash-isolated, flushed,
+    as `run`), after pruning offline those that cannot compile, launch or avoid spills; write the best per key."""
+    from spark_bench.devices import check_device, default_device
+    from spark_bench.executors import make_executor
+    from spark_bench.kernelgate.targets import TARGETS
+    from spark_bench.tune.search import TuneSession
+    from spark_bench.weights.cli import make_spec
+
+    check_run_options(timeout=timeout, max_time=max_time, min_samples=min_samples, target_ci=None, quick=quick,
+                      full=full)
+    positive("--budget", budget)
+    positive("--jobs", jobs, integer=True)
+    if target is not None and target != "none" and target not in TARGETS:
+        raise UsageError(f"unknown --target {target!r}; choose from {', '.join(TARGETS)}, none")
+    say = lambda line: click.echo(line, err=True)  # noqa: E731
+    if resume is not None:
+        refuse_sweep_options_with_resume(click.get_current_context(), resume)
+        session = TuneSession.resume(resume)
+        if budget is not None:  # a resumed tune may be given more (or less) time
+            session.tune["budget_s"] = budget
+    else:
+        device = check_device(device or default_device())
+        spec = sweep_spec(ops=ops, backends=backends, preset=preset, sets=sets, dtypes=dtypes, device=device,
+                          quick=quick, full=full, seed=seed, weights=make_spec(weights, layer, routing, activations))
+        from spark_bench.timing import config_for
+
+        cfg = config_for(device, quick, max_time_s=max_time, min_samples=min_samples)
+        session = TuneSession.create(spec, cfg, run_dir=run_dir, out=out, budget_s=budget, target=target, jobs=jobs,
+                                     timeout=timeout, command=sys.argv, results_root=RESULTS_ROOT, say=say)
+    click.echo(f"spark-bench tune: {session.store.path}", err=True)
+    executor = make_executor(executor_kind, device=session.spec.device, devices=None, ray_address=None, retries=0)
+    code, path = session.execute(executor=executor, say=say)
+    from spark_bench.tune.report import print_table
+
+    print_table(session, path)
+    sys.exit(code)
+
+
+@click.group("tuned")
+def tuned() -> None:
+    """Tuned-config tables (written by `spark-bench tune`, used by `run --tuned`)."""
+
+
+@tuned.command("show")
+@click.argument("path", type=click.Path(path_type=Path))
+def show(path: Path) -> None:
+    """Each kernel's tuned config per key, with its time against the default's."""
+    from spark_bench.tune.report import print_store
+    from spark_bench.tune.store import TunedStore
+
+    print_store(TunedStore.load(path))
+
+
+@tuned.command("merge")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="The merged table (may be one of PATHS).")
+@click.option("--force", is_flag=True, help="Merge tables of different devices.")
+def merge(paths: tuple[Path, ...], out: Path, force: bool) -> None:
+    """Merge tables of one device: every key any of them holds; the newer measurement wins a key two hold."""
+    from spark_bench.results import now
+    from spark_bench.tune.store import TunedStore
+
+    tables = [TunedStore.load(p) for p in paths]
+    merged = TunedStore(dict(tables[0].data, kernels={}), tables[0].path)
+    for table in tables:
+        merged.merge(table, force=force)
+    merged.save(out, now())
+    click.echo(f"{out}: {sum(len(v) for v in merged.kernels.values())} entries from {len(tables)} table(s)")

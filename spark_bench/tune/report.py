@@ -1,0 +1,63 @@
+"""The tables `tune` and `tuned show` print: per kernel and key, the chosen config against the declared default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from spark_bench.tune.space import config_id
+
+
+def _key(key: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in key.items()) or "-"
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def entries_table(rows: list[tuple[str, dict[str, Any]]], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("kernel", "key", "config", "µs", "default µs", "speedup", "runner-up", "cases", "labels"):
+        table.add_column(col, justify="right" if col in ("µs", "default µs", "speedup", "cases") else "left")
+    for kernel, e in rows:
+        runner = e.get("runner_up") or {}
+        chosen = "(default)" if e["config"] == e["default"]["config"] else config_id(e["config"])
+        table.add_row(kernel, _key(e["key"]), chosen, _us(e["time_us"]), _us(e["default"]["time_us"]),
+                      f"{e['speedup']:.3f}x", f"{config_id(runner['config'])} {_us(runner['time_us'])}" if runner
+                      else "-", str(e.get("cases", "")), ",".join(e.get("labels") or []))
+    return table
+
+
+def print_store(store) -> None:
+    from spark_bench.console import console
+    from spark_bench.tune.store import describe_device
+
+    out = console()
+    rows = store.entries()
+    out.print(entries_table(rows, f"{store.path}: {describe_device(store.data['device'])}, updated "
+                                  f"{store.data.get('updated')}, {len(rows)} entries"))
+
+
+def print_table(session, path: Path | None) -> None:
+    """After a tune: what was pruned, what was chosen, where the table is."""
+    from spark_bench.console import console
+    from spark_bench.tune.search import select
+
+    out = console()
+    records = session.store.read_results()
+    rows = select(session.tune["plan"], records)
+    out.print(entries_table(rows, f"spark-bench tune {session.store.path.name}: {len(rows)} tuned entries"))
+    plan = session.tune["plan"]
+    pruned = sum(c["status"] == "pruned" for i in plan["items"] for c in i["candidates"])
+    failed = [r for r in records if r["status"] != "ok"]
+    out.print(f"{len(records)} cases timed or tried ({len(failed)} failed: never chosen), {pruned} candidate "
+              f"launch(es) pruned offline ({session.tune.get('target_note')})", markup=False)
+    for line in plan.get("capture_errors", [])[:10]:
+        out.print(f"capture error (not tuned): {line}", markup=False)
+    if plan.get("untunable"):
+        out.print(f"{len(plan['untunable'])} case(s) launch no declared kernel: nothing to tune", markup=False)
+    out.print(f"tuned table: {path}" if path else "tuned table: not written (no case produced an entry)",
+              markup=False)

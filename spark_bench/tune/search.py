@@ -1,0 +1,232 @@
+"""One `spark-bench tune`: a run directory whose cases are the plan's configs, timed in rounds, then the tuned table.
+
+Round 0 times every base case with its declared configs; round r times the r-th best-ranked surviving candidate of
+each (case, kernel) with that kernel's config forced (spark_bench/tune/space.py). Without a budget the rounds run
+as one pass, in that order (one set of workers; a point's inputs and reference are built once). Every case goes
+through `run`'s own path (spark_bench/runner.py: crash-isolated workers, the reference check before timing, flushed
+timing) and is journaled in results.jsonl, so a killed tune resumes (`tune --resume DIR`) without re-timing anything.
+`--budget S` bounds the whole search (planning included, and the earlier invocations of a resumed tune): a round is
+cut to the cases the remaining time is expected to cover, from the mean duration of the cases timed so far.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any
+
+from spark_bench import results
+from spark_bench.sweep import Case, SweepSpec, UsageError
+from spark_bench.timing import TimingConfig
+from spark_bench.tune import plan as planning
+from spark_bench.tune.space import config_id, key_id
+
+
+@dataclasses.dataclass
+class TuneSession:
+    store: results.RunStore
+    spec: SweepSpec
+    cfg: TimingConfig
+    timeout_s: float
+    tune: dict[str, Any]  # {"plan", "budget_s", "spent_s", "out", "target", "target_note"}
+
+    @classmethod
+    def create(cls, spec: SweepSpec, cfg: TimingConfig, *, run_dir: Path | None, out: Path | None,
+               budget_s: float | None, target: str | None, jobs: int | None, timeout: float | None,
+               command: list[str], results_root: Path, say) -> TuneSession:
+        from spark_bench.fingerprint import fingerprint
+        from spark_bench.runner import default_timeout
+        from spark_bench.session import Session
+        from spark_bench.tune.store import default_path
+
+        t0 = time.monotonic()
+        base = [c for c in Session._cases(spec) if not c.skip and (spec.backends or fnmatch(c.backend, "triton*"))]
+        if not base:
+            raise UsageError("nothing to tune: the selection has no runnable Triton backend case")
+        fp = fingerprint(spec.device, weights=spec.weights)
+        target, note = planning.prune_target(spec.device, target, fp["device"])
+        say(f"tune: {note}")
+        run_id = "tune-" + results.new_run_id(spec.device) if run_dir is None else Path(run_dir).name
+        store = results.RunStore(run_dir if run_dir is not None else results_root / run_id)
+        store.lock()
+        the_plan = planning.build(base, target, jobs=jobs, say=say)
+        for line in planning.summary_lines(the_plan):
+            say(line)
+        tune = {"plan": the_plan, "budget_s": budget_s, "spent_s": round(time.monotonic() - t0, 3),
+                "out": str(out if out is not None else default_path(fp["device"], results_root)),
+                "target": target, "target_note": note}
+        timeout_s = timeout if timeout is not None else default_timeout(spec.device)
+        store.create({"run_id": run_id, "kind": "tune", "created": results.now(), "finished": None,
+                      "fingerprint": fp, "command": list(command),
+                      "spec": {**spec.to_dict(), "timing": cfg.to_dict(), "timeout_s": timeout_s},
+                      "roofline": None, "summary": None, "tune": tune})
+        return cls(store, spec, cfg, timeout_s, tune)
+
+    @classmethod
+    def resume(cls, path: Path) -> TuneSession:
+        store = results.RunStore(path)
+        run = store.read_run()
+        if run.get("kind") != "tune" or not isinstance(run.get("tune"), dict):
+            raise results.ResultsError(f"{path} is a run, not a tune directory (resume it with `spark-bench run "
+                                       "--resume`)")
+        store.lock()
+        run = store.read_run()
+        raw = dict(run.get("spec") or {})
+        try:
+            cfg = TimingConfig(**raw.pop("timing"))
+            timeout_s = float(raw.pop("timeout_s"))
+            spec = SweepSpec.from_dict(raw)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise results.ResultsError(f"{store.run_file}: no usable sweep spec ({exc}); cannot resume") from None
+        store.repair_tail()
+        return cls(store, spec, cfg, timeout_s, run["tune"])
+
+    def rounds(self) -> list[list[Case]]:
+        """Round 0: the base cases; round r: the r-th surviving candidate of every (case, kernel)."""
+        items = self.tune["plan"]["items"]
+        base = list({c.case_id: c for c in (Case(**i["case"]) for i in items)}.values())
+        out = [base]
+        depth = max((len([c for c in i["candidates"] if c["status"] == "ok"]) for i in items), default=0)
+        for r in range(depth):
+            cases = []
+            for item in items:
+                ok = [c for c in item["candidates"] if c["status"] == "ok"]
+                if r < len(ok):
+                    cases.append(dataclasses.replace(Case(**item["case"]), configs={item["kernel"]: ok[r]["config"]}))
+            out.append(cases)
+        return out
+
+    def execute(self, executor: Any = None, say=print) -> tuple[int, Path | None]:
+        """Time what the journal lacks, round by round within the budget; write the table. Returns (exit code,
+        table path): 1 when a default config failed its check or crashed, else 0."""
+        from spark_bench.console import SweepProgress, console
+        from spark_bench.runner import Runner, pending
+
+        start, spent0 = time.monotonic(), float(self.tune.get("spent_s") or 0.0)
+        budget = self.tune.get("budget_s")
+        untimed = 0
+        rounds = self.rounds()
+        if budget is None:  # one pass over every round: the workers (and their cached inputs) serve them all
+            rounds = [[c for r in rounds for c in r]]
+        for number, cases in enumerate(rounds):
+            todo = pending(self.store, cases)
+            if budget is not None and todo:
+                left = budget - spent0 - (time.monotonic() - start)
+                fit = self._fit(len(todo), left)
+                untimed += len(todo) - fit
+                todo = todo[:fit]
+            if not todo:
+                continue
+            say(f"tune: timing {len(todo)} case(s)" + ("" if budget is None else f" (round {number}"
+                + (": the declared configs)" if number == 0 else ")")))
+            with SweepProgress(len(todo), console()) as progress:
+                Runner(self.store, self.cfg, timeout_s=self.timeout_s, device=self.spec.device,
+                       on_phase=progress.phase, on_result=progress.result, executor=executor).run(todo)
+        if untimed:
+            say(f"tune: the budget ({budget:g} s) left {untimed} candidate case(s) untimed; --resume with a larger "
+                "--budget to time them")
+        records = self.store.read_results()
+        run = self.store.read_run()
+        self.tune["spent_s"] = round(spent0 + time.monotonic() - start, 3)
+        run.update(finished=results.now(), summary=results.summarize_statuses(records), tune=self.tune)
+        self.store.write_run(run)
+        entries = select(self.tune["plan"], records)
+        path = self._write(entries, run) if entries else None
+        base_ids = {Case(**i["case"]).case_id for i in self.tune["plan"]["items"]}
+        failed = [r for r in records if r["case_id"] in base_ids and r["status"] in results.FAILED]
+        return (1 if failed else 0), path
+
+    def _fit(self, n: int, left: float) -> int:
+        if left <= 0:
+            return 0
+        done = [r.get("duration_s") or 0.0 for r in self.store.read_results()]
+        mean = sum(done) / len(done) if done else 0.0
+        return n if mean <= 0 else max(0, min(n, int(left // mean)))
+
+    def _write(self, entries: list[tuple[str, dict[str, Any]]], run: dict[str, Any]) -> Path:
+        from spark_bench.tune.store import StoreError, TunedStore
+
+        out = Path(self.tune["out"])
+        fp = run["fingerprint"]
+        fresh = TunedStore.new(fp["device"], {k: fp.get("versions", {}).get(k) for k in ("torch", "triton")})
+        for kernel, entry in entries:
+            fresh.put(kernel, {**entry, "run": str(self.store.path)})
+        if out.exists():
+            table = TunedStore.load(out)
+            try:
+                table.merge(fresh)
+            except StoreError as exc:
+                raise StoreError(f"{exc}; pass another --out") from None
+        else:
+            table = fresh
+        return table.save(out, results.now())
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def select(plan: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """The tuned entries: per (kernel, key), the config with the best geometric-mean time over the cases of that key
+    that timed both it and the default. A config that failed its check (or crashed) in any case is never chosen."""
+    by_id = {r["case_id"]: r for r in records}
+    rejected: set[tuple[str, str]] = set()
+    buckets: dict[tuple[str, str], dict[str, Any]] = {}
+    for item in plan["items"]:
+        base = Case(**item["case"])
+        kernel = item["kernel"]
+        default_rec = by_id.get(base.case_id)
+        if default_rec is None or default_rec["status"] != "ok":
+            continue
+        timed = {}
+        for cand in item["candidates"]:
+            rec = by_id.get(dataclasses.replace(base, configs={kernel: cand["config"]}).case_id)
+            if rec is None:
+                continue
+            if rec["status"] != "ok":
+                rejected.add((kernel, cand["id"]))
+                continue
+            timed[cand["id"]] = (cand["config"], rec)
+        for pick in item["keys"]:  # the declared config at this key is the default's
+            bucket = buckets.setdefault((kernel, key_id(pick["key"])), {"key": pick["key"], "cases": []})
+            bucket["cases"].append({"default": (pick["config"], default_rec), **timed})
+    entries = []
+    for (kernel, _), bucket in sorted(buckets.items()):
+        entry = _best(kernel, bucket, rejected)
+        if entry is not None:
+            entries.append((kernel, entry))
+    return entries
+
+
+def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -> dict[str, Any] | None:
+    times: dict[str, list[float]] = {}
+    defaults: dict[str, list[float]] = {}
+    configs: dict[str, Any] = {}
+    labels: set[str] = set()
+    for timed in bucket["cases"]:
+        default_us = timed["default"][1]["timing"]["median"]
+        for name, (config, rec) in timed.items():
+            if (kernel, name) in rejected or (name != "default" and config == timed["default"][0]):
+                continue
+            times.setdefault(name, []).append(rec["timing"]["median"])
+            defaults.setdefault(name, []).append(default_us)
+            configs[name] = config
+            labels.update(rec.get("labels") or [])
+    if "default" not in times:
+        return None
+    ranked = sorted(times, key=lambda n: _geomean([t / d for t, d in zip(times[n], defaults[n], strict=True)]))
+    best = ranked[0]
+    runner = ranked[1] if len(ranked) > 1 else None
+
+    def timed_entry(name: str) -> dict[str, Any]:
+        return {"config": configs[name], "time_us": round(_geomean(times[name]), 4)}
+
+    default_us = _geomean(defaults[best])
+    return {"key": bucket["key"], **timed_entry(best), "id": config_id(configs[best]),
+            "default": {"config": configs["default"], "time_us": round(default_us, 4)},
+            "runner_up": timed_entry(runner) if runner else None,
+            "speedup": round(default_us / _geomean(times[best]), 4), "cases": len(times[best]),
+            "candidates_timed": len(times), "labels": sorted(labels), "measured": results.now()}

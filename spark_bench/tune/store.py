@@ -1,0 +1,183 @@
+"""The tuned-config store: per device, the best config of each kernel per key bucket, as `spark-bench tune` measured it.
+
+One JSON file per device (schema `spark-bench.tuned` v1, human-readable, sorted, mergeable; committed like vLLM's
+per-device tables when a team shares them). Layout (docs/tune.md):
+
+    {"schema": "spark-bench.tuned", "schema_version": 1, "device": {...}, "device_id": "...", "updated": "...",
+     "versions": {"torch": ..., "triton": ...},
+     "kernels": {"<kernel>": [{"key": {...}, "config": {...}, "time_us": t, "default": {"config", "time_us"},
+                               "runner_up": {"config", "time_us"} | null, "speedup": d/t, "cases": n,
+                               "measured": "<iso time>", "run": "<tune dir>"}, ...]}}
+
+A kernel looks its config up at launch (`lookup`: the entry whose key is nearest, spark_bench.tune.space.key_distance);
+a kernel or key the store lacks falls back to the declared choice. The device is identified by what decides the best
+tile (name, compute capability, SM count, memory), not by driver or library versions, which are kept for the record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from spark_bench.sweep import UsageError
+from spark_bench.tune.space import key_distance, key_id
+
+SCHEMA, SCHEMA_VERSION = "spark-bench.tuned", 1
+DEVICE_KEYS = ("type", "name", "capability", "sm_count", "memory_bytes")
+
+
+class StoreError(UsageError):
+    """A tuned-config file that cannot be used; one line naming the file and the problem (exit 2)."""
+
+
+def device_identity(device_info: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    ident = {k: device_info.get(k) for k in DEVICE_KEYS}
+    return ident, hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def slug(device_info: Mapping[str, Any]) -> str:
+    """A file name for a device's store, e.g. 'nvidia-h200-sm90-132sm-<id>'."""
+    ident, ident_id = device_identity(device_info)
+    parts = [str(ident.get("name") or ident.get("type") or "device")]
+    if ident.get("capability"):
+        parts.append("sm" + str(ident["capability"]).replace(".", ""))
+    if ident.get("sm_count"):
+        parts.append(f"{ident['sm_count']}sm")
+    name = re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")
+    return f"{name}-{ident_id}"
+
+
+class TunedStore:
+    def __init__(self, data: dict[str, Any], path: Path | None = None) -> None:
+        self.data, self.path = data, path
+
+    @classmethod
+    def new(cls, device_info: Mapping[str, Any], versions: Mapping[str, Any]) -> TunedStore:
+        ident, ident_id = device_identity(device_info)
+        return cls({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "device": ident, "device_id": ident_id,
+                    "updated": None, "versions": dict(versions), "kernels": {}})
+
+    @classmethod
+    def load(cls, path: Path | str) -> TunedStore:
+        path = Path(path)
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except FileNotFoundError:
+            raise StoreError(f"tuned-config file {path}: no such file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise StoreError(f"tuned-config file {path}: cannot read it ({exc})") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise StoreError(f"tuned-config file {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        problem = validate(data)
+        if problem:
+            raise StoreError(f"tuned-config file {path}: {problem}")
+        return cls(data, path)
+
+    @property
+    def kernels(self) -> dict[str, list[dict[str, Any]]]:
+        return self.data["kernels"]
+
+    def entries(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(kernel, e) for kernel in sorted(self.kernels) for e in self.kernels[kernel]]
+
+    def lookup(self, kernel: str, key: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The config of the entry nearest to `key`, or None (the kernel's declared choice then applies)."""
+        best, best_d = None, math.inf
+        for entry in self.kernels.get(kernel, ()):
+            d = key_distance(entry["key"], key)
+            if d < best_d:
+                best, best_d = entry, d
+        return dict(best["config"]) if best is not None else None
+
+    def put(self, kernel: str, entry: dict[str, Any]) -> None:
+        """Add or replace the entry of this kernel and key."""
+        rows = [e for e in self.kernels.get(kernel, []) if key_id(e["key"]) != key_id(entry["key"])]
+        rows.append(entry)
+        self.kernels[kernel] = sorted(rows, key=lambda e: key_id(e["key"]))
+
+    def merge(self, other: TunedStore, *, force: bool = False) -> int:
+        """Take `other`'s entries (the newer measurement wins a key both hold); returns how many were taken."""
+        if other.data["device_id"] != self.data["device_id"] and not force:
+            raise StoreError(f"tuned-config file {other.path}: measured on {describe_device(other.data['device'])}, "
+                             f"not {describe_device(self.data['device'])} (merge tables of one device)")
+        taken = 0
+        for kernel, entry in other.entries():
+            mine = [e for e in self.kernels.get(kernel, []) if key_id(e["key"]) == key_id(entry["key"])]
+            if not mine or str(entry.get("measured") or "") > str(mine[0].get("measured") or ""):
+                self.put(kernel, dict(entry))
+                taken += 1
+        return taken
+
+    def save(self, path: Path | str, updated: str) -> Path:
+        from spark_bench.results import write_text_atomic
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.data["updated"] = updated
+        self.data["kernels"] = {k: self.kernels[k] for k in sorted(self.kernels)}
+        write_text_atomic(path, json.dumps(self.data, indent=1, sort_keys=False) + "\n")
+        self.path = path
+        return path
+
+
+def describe_device(ident: Mapping[str, Any]) -> str:
+    name = ident.get("name") or ident.get("type") or "?"
+    return f"{name} (sm {ident['capability']})" if ident.get("capability") else str(name)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _config_problem(config: Any) -> str | None:
+    if not isinstance(config, dict) or not config:
+        return "must be a non-empty object of parameter -> integer"
+    for k, v in config.items():
+        if not isinstance(v, int) or isinstance(v, bool):
+            return f"parameter {k!r} must be an integer, not {json.dumps(v)[:30]}"
+    return None
+
+
+def validate(data: Any) -> str | None:
+    """Why `data` is not a usable store (one line), or None."""
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        return f"not a spark-bench tuned-config table (no \"schema\": \"{SCHEMA}\")"
+    if data.get("schema_version") != SCHEMA_VERSION:
+        return f"schema version {json.dumps(data.get('schema_version'))[:20]}, this spark-bench reads {SCHEMA_VERSION}"
+    if not isinstance(data.get("device"), dict) or not isinstance(data.get("device_id"), str):
+        return "missing its \"device\" object or \"device_id\""
+    kernels = data.get("kernels")
+    if not isinstance(kernels, dict):
+        return "\"kernels\" must be an object of kernel -> list of entries"
+    for kernel, rows in kernels.items():
+        if not isinstance(rows, list):
+            return f"kernel {kernel!r}: must be a list of entries"
+        for i, entry in enumerate(rows):
+            where = f"kernel {kernel!r} entry {i}"
+            if not isinstance(entry, dict) or not isinstance(entry.get("key"), dict):
+                return f"{where}: needs a \"key\" object"
+            problem = _config_problem(entry.get("config"))
+            if problem:
+                return f"{where}: \"config\" {problem}"
+            if not _is_number(entry.get("time_us")):
+                return f"{where}: \"time_us\" must be a finite number"
+    return None
+
+
+def resolve(spec: str, device_info: Mapping[str, Any], root: Path) -> Path | None:
+    """`--tuned FILE|auto`: the file, or (auto) this device's store under root/tuned/ when there is one."""
+    if spec != "auto":
+        return Path(spec)
+    path = default_path(device_info, root)
+    return path if path.is_file() else None
+
+
+def default_path(device_info: Mapping[str, Any], root: Path) -> Path:
+    return Path(root) / "tuned" / f"{slug(device_info)}.json"

@@ -1,0 +1,211 @@
+"""The tuning logic without timing anything: config picks, the store, and the choice among timed candidates."""
+
+import json
+
+import pytest
+
+from spark_bench.sweep import Case
+from spark_bench.tune import ConfigSpace
+from spark_bench.tune.search import select
+from spark_bench.tune.space import applied, config_id, recording
+from spark_bench.tune.store import StoreError, TunedStore
+
+SPACE = ConfigSpace("test._k", key=("n", "dtype"), default={"B": 16, "num_warps": 4},
+                    buckets=[({"n": 64}, {"B": 8, "num_warps": 2})], candidates=[{"B": 32, "num_warps": 8}])
+DEVICE = {"type": "cuda", "name": "NVIDIA Test", "capability": "9.0", "sm_count": 8, "memory_bytes": 1}
+
+
+def _store(entries, device=DEVICE):
+    store = TunedStore.new(device, {"triton": "x"})
+    for kernel, key, config, measured in entries:
+        store.put(kernel, {"key": key, "config": config, "time_us": 1.0, "default": {"config": {}, "time_us": 2.0},
+                           "speedup": 2.0, "measured": measured})
+    return store
+
+
+def test_pick_prefers_forced_then_tuned_then_declared_and_logs_each_pick():
+    table = _store([("test._k", {"n": 1024, "dtype": "bf16"}, {"B": 64, "num_warps": 8}, "t1"),
+                    ("test._k", {"n": 65536, "dtype": "bf16"}, {"B": 128, "num_warps": 8}, "t1")])
+    with recording() as log:
+        assert SPACE.pick(n=32, dtype="bf16") == {"B": 8, "num_warps": 2}  # the declared bucket
+        with applied(table=table):
+            assert SPACE.pick(n=2000, dtype="bf16")["B"] == 64  # nearest key: 2000 is nearer 1024 than 65536
+            assert SPACE.pick(n=40000, dtype="bf16")["B"] == 128
+            assert SPACE.pick(n=2000, dtype="fp32") == {"B": 16, "num_warps": 4}  # no fp32 entry: declared
+            with applied({"test._k": {"B": 32, "num_warps": 8}}, table):
+                assert SPACE.pick(n=2000, dtype="bf16")["B"] == 32
+    assert [p["source"] for p in log] == ["default", "tuned", "tuned", "default", "candidate"]
+    assert log[1]["key"] == {"n": 2000, "dtype": "bf16"}
+    assert SPACE.pick(n=2000, dtype="bf16") == {"B": 16, "num_warps": 4}  # nothing leaks out of the contexts
+
+
+def test_a_forced_config_is_part_of_the_case_id():
+    base = Case("op", "triton", {"n": 1}, "bf16", "cpu", 0)
+    forced = Case("op", "triton", {"n": 1}, "bf16", "cpu", 0, configs={"test._k": {"num_warps": 8, "B": 32}})
+    assert forced.case_id == base.case_id + "|test._k:B=32,num_warps=8"
+    assert config_id({"num_warps": 8, "B": 32}) == "B=32,num_warps=8"
+
+
+def _plan(candidates, cases=1):
+    items = []
+    for i in range(cases):
+        case = Case("op", "triton", {"n": 100 + i}, "fp32", "cpu", 0)
+        items.append({"case": case.to_dict(), "kernel": "test._k",
+                      "keys": [{"key": {"n": 1}, "config": {"B": 16, "num_warps": 4}}],
+                      "candidates": [{"config": c, "id": config_id(c), "status": "ok"} for c in candidates]})
+    return {"items": items}
+
+
+def _record(case, status, median):
+    return {"case_id": case.case_id, "status": status, "labels": [],
+            "timing": {"median": median} if status == "ok" else None}
+
+
+def _records(plan, times):
+    """times: per case, config id ('default' or a candidate's) -> (status, median)."""
+    out = []
+    for item, per_case in zip(plan["items"], times, strict=True):
+        base = Case(**item["case"])
+        for ident, (status, median) in per_case.items():
+            cand = next((c for c in item["candidates"] if c["id"] == ident), None)
+            case = base if cand is None else Case(**{**item["case"], "configs": {"test._k": cand["config"]}})
+            out.append(_record(case, status, median))
+    return out
+
+
+FAST, SLOW, WRONG = {"B": 32, "num_warps": 8}, {"B": 64, "num_warps": 8}, {"B": 128, "num_warps": 8}
+
+
+def test_the_fastest_correct_config_wins_and_a_wrong_one_never_does():
+    plan = _plan([SLOW, WRONG, FAST])
+    times = [{"default": ("ok", 10.0), config_id(FAST): ("ok", 5.0), config_id(SLOW): ("ok", 50.0),
+              config_id(WRONG): ("mismatch", None)}]
+    [(kernel, entry)] = select(plan, _records(plan, times))
+    assert kernel == "test._k" and entry["config"] == FAST and entry["time_us"] == 5.0
+    assert entry["default"] == {"config": {"B": 16, "num_warps": 4}, "time_us": 10.0}
+    assert entry["runner_up"]["config"] == {"B": 16, "num_warps": 4} and entry["speedup"] == 2.0
+
+
+def test_a_config_wrong_on_one_case_is_not_chosen_for_the_others():
+    plan = _plan([WRONG, FAST], cases=2)
+    times = [{"default": ("ok", 10.0), config_id(FAST): ("ok", 8.0), config_id(WRONG): ("ok", 1.0)},
+             {"default": ("ok", 10.0), config_id(FAST): ("ok", 8.0), config_id(WRONG): ("error", None)}]
+    [(_, entry)] = select(plan, _records(plan, times))
+    assert entry["config"] == FAST and entry["cases"] == 2
+
+
+def test_the_default_stays_when_no_candidate_beats_it():
+    plan = _plan([SLOW])
+    [(_, entry)] = select(plan, _records(plan, [{"default": ("ok", 10.0), config_id(SLOW): ("ok", 12.0)}]))
+    assert entry["config"] == {"B": 16, "num_warps": 4} and entry["speedup"] == 1.0
+    assert entry["runner_up"]["config"] == SLOW
+
+
+def test_no_entry_without_a_passing_default():
+    plan = _plan([FAST])
+    assert select(plan, _records(plan, [{"default": ("mismatch", None), config_id(FAST): ("ok", 1.0)}])) == []
+
+
+def test_store_round_trip_merge_and_device_check(tmp_path):
+    a = _store([("test._k", {"n": 1}, {"B": 8}, "2026-01-01"), ("test._k", {"n": 2}, {"B": 8}, "2026-01-01")])
+    b = _store([("test._k", {"n": 2}, {"B": 16}, "2026-02-01"), ("other._k", {"n": 1}, {"B": 4}, "2026-02-01")])
+    a.save(tmp_path / "a.json", "now")
+    loaded = TunedStore.load(tmp_path / "a.json")
+    assert loaded.lookup("test._k", {"n": 2}) == {"B": 8}
+    assert loaded.merge(b) == 2
+    assert loaded.lookup("test._k", {"n": 2}) == {"B": 16} and loaded.lookup("other._k", {"n": 1}) == {"B": 4}
+    assert loaded.merge(a) == 0  # older measurements do not replace newer ones
+    other = _store([], device={**DEVICE, "name": "NVIDIA Other"})
+    with pytest.raises(StoreError, match="measured on NVIDIA Other"):
+        loaded.merge(other)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("{", "not valid JSON"),
+    ("[]", "not a spark-bench tuned-config table"),
+    ('{"schema": "spark-bench.tuned", "schema_version": 7}', "schema version 7"),
+    ('{"schema": "spark-bench.tuned", "schema_version": 1, "device": {}, "device_id": "x", "kernels": []}',
+     '"kernels" must be an object'),
+    ('{"schema": "spark-bench.tuned", "schema_version": 1, "device": {}, "device_id": "x", "kernels": {"k": '
+     '[{"key": {}, "config": {"B": "big"}, "time_us": 1}]}}', "parameter 'B' must be an integer"),
+    ('{"schema": "spark-bench.tuned", "schema_version": 1, "device": {}, "device_id": "x", "kernels": {"k": '
+     '[{"key": {}, "config": {"B": 1}, "time_us": null}]}}', '"time_us" must be a finite number'),
+])
+def test_a_malformed_store_is_one_line_naming_the_problem(tmp_path, text, needle):
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    with pytest.raises(StoreError) as err:
+        TunedStore.load(path)
+    assert needle in str(err.value) and str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_run_with_a_malformed_store_exits_2_with_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from spark_bench.cli import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "spark-bench.tuned", "schema_version": 1}))
+    result = CliRunner().invoke(main, ["run", "--op", "kda.gate", "--tuned", str(bad), "--out", tmp_path / "r"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().count("\n") == 0 and "missing its \"device\"" in result.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_report_names_each_tuned_config_an_op_ran(tmp_path):
+    from spark_bench.report.html import _table, esc
+    from spark_bench.report.model import RunData
+    from spark_bench.report.tuned import tuned_section
+
+    table = _store([("test._k", {"n": 1}, {"B": 64, "num_warps": 8}, "2026-12-01")])
+    run = {"spec": {"tuned": {"path": "t.json", "data": table.data}}}
+    recs = [{"op": "x.op", "config": {"test._k": {"B": 64, "num_warps": 8}}, "config_source": {"test._k": "tuned"}},
+            {"op": "x.op", "config": {"test._k": {"B": 16, "num_warps": 4}}, "config_source": {"test._k": "default"}}]
+    html = tuned_section([RunData(tmp_path, run, recs, label="r1")], _table, esc)
+    assert "B=64,num_warps=8" in html and "1 of 2" in html and "2.000x" in html and "NVIDIA Test" in html
+    assert tuned_section([RunData(tmp_path, {"spec": {}}, recs, label="r1")], _table, esc) == ""
+
+
+def test_tuned_show_and_merge(tmp_path):
+    from click.testing import CliRunner
+
+    from spark_bench.cli import main
+
+    _store([("test._k", {"n": 1}, {"B": 8}, "2026-01-01")]).save(tmp_path / "a.json", "now")
+    _store([("test._k", {"n": 2}, {"B": 16}, "2026-02-01")]).save(tmp_path / "b.json", "now")
+    merged = CliRunner().invoke(main, ["tuned", "merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                                       "--out", str(tmp_path / "m.json")])
+    assert merged.exit_code == 0 and "2 entries from 2 table(s)" in merged.stdout
+    table = TunedStore.load(tmp_path / "m.json")
+    assert table.lookup("test._k", {"n": 1}) == {"B": 8} and table.lookup("test._k", {"n": 2}) == {"B": 16}
+    shown = CliRunner().invoke(main, ["tuned", "show", str(tmp_path / "m.json")])
+    assert shown.exit_code == 0 and "test._k" in shown.stdout and "B=16" in shown.stdout
+    _store([], device={**DEVICE, "name": "NVIDIA Other"}).save(tmp_path / "c.json", "now")
+    refused = CliRunner().invoke(main, ["tuned", "merge", str(tmp_path / "a.json"), str(tmp_path / "c.json"),
+                                        "--out", str(tmp_path / "x.json")])
+    assert refused.exit_code == 2 and "measured on NVIDIA Other" in refused.stderr
+
+
+def test_rounds_time_the_default_first_then_each_surviving_candidate_in_the_plan_order():
+    from spark_bench.tune.search import TuneSession
+
+    plan = _plan([FAST, SLOW, WRONG], cases=2)
+    plan["items"][0]["candidates"][1]["status"] = "pruned"  # SLOW pruned offline for case 0: never timed there
+    session = TuneSession(store=None, spec=None, cfg=None, timeout_s=1.0, tune={"plan": plan})
+    rounds = session.rounds()
+    assert [len(r) for r in rounds] == [2, 2, 2, 1]
+    assert all(c.configs is None for c in rounds[0])
+    assert [c.configs["test._k"] for c in rounds[1]] == [FAST, FAST]
+    assert [c.configs["test._k"] for c in rounds[2]] == [WRONG, SLOW]
+
+
+def test_the_budget_cuts_a_round_to_what_the_remaining_time_covers():
+    from spark_bench.tune.search import TuneSession
+
+    class Journal:
+        def read_results(self):
+            return [{"duration_s": 2.0}, {"duration_s": 4.0}]  # 3 s a case so far
+
+    session = TuneSession(store=Journal(), spec=None, cfg=None, timeout_s=1.0, tune={"plan": {"items": []}})
+    assert session._fit(10, 10.0) == 3 and session._fit(10, 1000.0) == 10
+    assert session._fit(10, 2.0) == 0 and session._fit(10, -5.0) == 0
