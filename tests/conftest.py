@@ -23,6 +23,16 @@ def spark_bench_cmd(*args):
     return [sys.executable, "-m", "spark_bench", *map(str, args)]
 
 
+def run_cli(*args):
+    """`spark-bench ARGS` in this process (click's runner): (exit code, stdout, stderr)."""
+    from click.testing import CliRunner
+
+    from spark_bench.cli import main
+
+    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
 @pytest.fixture
 def hostile_env(fault_env, tmp_path):
     """Like fault_env, with the hostile test plugin (tests/plugins/hostile_plugin.py) loaded too; the pids of the

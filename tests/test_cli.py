@@ -3,14 +3,7 @@
 import json
 
 import pytest
-from click.testing import CliRunner
-
-from spark_bench.cli import main
-
-
-def run_cli(*args):
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
+from conftest import run_cli
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -9,18 +9,12 @@ import math
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from conftest import run_cli
 
-from spark_bench.cli import main
 from spark_bench.history import detect, synthetic
 from spark_bench.history.store import add_runs
 
 STEP_CASE, STEP_AT, FACTOR = 3, 17, 1.15  # kda.gate torch tokens=256, 15% slower from the 18th commit on
-
-
-def run_cli(*args):
-    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
 
 
 @pytest.fixture(scope="module")

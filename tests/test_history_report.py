@@ -8,19 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest import run_cli
 from test_report_browser import PAYLOAD, PLOTS, browser  # noqa: E402, F401  (the module's Chromium fixture)
 
-from spark_bench.cli import main  # noqa: E402
 from spark_bench.history import synthetic  # noqa: E402
 from spark_bench.history.store import add_runs  # noqa: E402
-
-
-def run_cli(*args):
-    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
 
 
 @pytest.fixture(scope="module")

@@ -13,16 +13,10 @@ import time
 import zlib
 
 import pytest
-from click.testing import CliRunner
+from conftest import run_cli
 
-from spark_bench.cli import main
 from spark_bench.history import store, synthetic
 from spark_bench.history.store import HistoryError, add_runs, connect
-
-
-def run_cli(*args):
-    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
 
 
 def history_cmd(*args):

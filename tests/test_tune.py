@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from conftest import run_cli
 
 from spark_bench.sweep import Case
 from spark_bench.tune import ConfigSpace
@@ -140,15 +141,10 @@ def test_a_malformed_store_is_one_line_naming_the_problem(tmp_path, text, needle
 
 
 def test_run_with_a_malformed_store_exits_2_with_one_line(tmp_path):
-    from click.testing import CliRunner
-
-    from spark_bench.cli import main
-
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"schema": "spark-bench.tuned", "schema_version": 1}))
-    result = CliRunner().invoke(main, ["run", "--op", "kda.gate", "--tuned", str(bad), "--out", tmp_path / "r"])
-    assert result.exit_code == 2
-    assert result.stderr.strip().count("\n") == 0 and "missing its \"device\"" in result.stderr
+    code, _, err = run_cli("run", "--op", "kda.gate", "--tuned", bad, "--out", tmp_path / "r")
+    assert code == 2 and err.strip().count("\n") == 0 and "missing its \"device\"" in err
     assert not (tmp_path / "r").exists()
 
 
@@ -167,23 +163,17 @@ def test_the_report_names_each_tuned_config_an_op_ran(tmp_path):
 
 
 def test_tuned_show_and_merge(tmp_path):
-    from click.testing import CliRunner
-
-    from spark_bench.cli import main
-
     _store([("test._k", {"n": 1}, {"B": 8}, "2026-01-01")]).save(tmp_path / "a.json", "now")
     _store([("test._k", {"n": 2}, {"B": 16}, "2026-02-01")]).save(tmp_path / "b.json", "now")
-    merged = CliRunner().invoke(main, ["tuned", "merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
-                                       "--out", str(tmp_path / "m.json")])
-    assert merged.exit_code == 0 and "2 entries from 2 table(s)" in merged.stdout
+    code, out, _ = run_cli("tuned", "merge", tmp_path / "a.json", tmp_path / "b.json", "--out", tmp_path / "m.json")
+    assert code == 0 and "2 entries from 2 table(s)" in out
     table = TunedStore.load(tmp_path / "m.json")
     assert table.lookup("test._k", {"n": 1}) == {"B": 8} and table.lookup("test._k", {"n": 2}) == {"B": 16}
-    shown = CliRunner().invoke(main, ["tuned", "show", str(tmp_path / "m.json")])
-    assert shown.exit_code == 0 and "test._k" in shown.stdout and "B=16" in shown.stdout
+    code, out, _ = run_cli("tuned", "show", tmp_path / "m.json")
+    assert code == 0 and "test._k" in out and "B=16" in out
     _store([], device={**DEVICE, "name": "NVIDIA Other"}).save(tmp_path / "c.json", "now")
-    refused = CliRunner().invoke(main, ["tuned", "merge", str(tmp_path / "a.json"), str(tmp_path / "c.json"),
-                                        "--out", str(tmp_path / "x.json")])
-    assert refused.exit_code == 2 and "measured on NVIDIA Other" in refused.stderr
+    code, _, err = run_cli("tuned", "merge", tmp_path / "a.json", tmp_path / "c.json", "--out", tmp_path / "x.json")
+    assert code == 2 and "measured on NVIDIA Other" in err
 
 
 def test_rounds_time_the_default_first_then_each_surviving_candidate_in_the_plan_order():

@@ -8,18 +8,10 @@ import subprocess
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from conftest import spark_bench_cmd
+from conftest import run_cli, spark_bench_cmd
 from weight_files import deepseek_checkpoint, gguf_file, kimi_checkpoint, routing_npy
 
-from spark_bench.cli import main
-
 pytest_plugins = ["pytester"]
-
-
-def run_cli(*args):
-    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
 
 
 @pytest.fixture(scope="module")
