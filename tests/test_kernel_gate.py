@@ -116,3 +116,19 @@ def test_kernels_command_prints_the_table_and_exits_1_on_failure(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "spark_bench", "kernels", "--target", "sm_75"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "sm_90a" in bad.stderr
+
+
+def test_declared_candidates_are_compiled_and_an_unlaunchable_one_fails_the_gate(tmp_path, fault_env):
+    """`--candidates`: every declared config of each kernel and key, not only the defaults the sweep launches. The
+    tunable test plugin declares one that needs 2,048 threads per block (tests/plugins/tunable_plugin.py)."""
+    env = {**fault_env, "SPARK_BENCH_PLUGINS": "tunable_plugin", "TRITON_INTERPRET": "0"}
+    cmd = [sys.executable, "-m", "spark_bench", "kernels", "--op", "tunable.scale", "--candidates", "--json",
+           "--cache-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)["candidates"]
+    by_config = {r["config"]: r for r in rows}
+    assert len(rows) == 4 and all(r["space"] == "tunable._scale" and r["keys"] == [{"n": 4096}] for r in rows)
+    rejected = by_config["BLOCK=1024,REPEAT=0,WRONG=0,num_warps=64"]
+    assert rejected["status"] == "pruned" and "launch-resources" in rejected["reason"]
+    assert all(r["status"] == "ok" for c, r in by_config.items() if r is not rejected)

@@ -83,8 +83,11 @@ def summary(rows: list[dict], targets: list[str], triton_version: str) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write a per-kernel summary table (markdown) to this file.")
+@click.option("--candidates", is_flag=True,
+              help="Also compile every declared candidate config of each kernel and key (what `spark-bench tune` "
+                   "would time; docs/tune.md), once per key: exit 1 when one cannot compile, launch or avoid spills.")
 def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, selection, quick, jobs, cache_dir, no_cache,
-            triton_cache, as_json, markdown_path) -> None:
+            triton_cache, as_json, markdown_path, candidates) -> None:
     """Compile every Triton kernel specialisation the GPU sweep launches for GPU targets, offline (no GPU): compile
     errors, registers, spills, shared memory against the limit, CTAs per SM and the tensor-core instruction of every
     tl.dot. Exit 1 when anything fails to compile, cannot launch, or spills."""
@@ -121,7 +124,7 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
             err.write("\r" + text if tty else text + "\n")
             err.flush()
 
-    chosen, results, errors, cases, sweeps = [], [], [], 0, []
+    chosen, results, errors, cases, sweeps, candidate_rows = [], [], [], 0, [], []
     for target in targets:  # each target captured on its own: grids and split factors follow its SM count
         err.write(f"{target.name}: capturing launches: {len(matched)} ops, {len(presets)} sweeps ...\n")
         try:
@@ -138,6 +141,9 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
         if tty:
             err.write("\n")
         chosen += mine
+        if candidates:
+            candidate_rows += _candidates(captured.specs, target.name, jobs, None if no_cache else
+                                          (cache_dir or default_cache_dir()), err)
         errors += [{**e, "target": target.name} for e in captured.errors]
         cases += captured.cases
         sweeps = captured.sweeps
@@ -148,6 +154,7 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
     if as_json:
         click.echo(json.dumps({"triton": triton.__version__, "selection": selection, "sweeps": sweeps,
                                "cases": cases, "capture_errors": errors, "rows": rows,
+                               "candidates": candidate_rows if candidates else None,
                                "summary": line}, indent=1, default=str))
     else:
         from spark_bench.console import console
@@ -158,8 +165,24 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
             out.print(f"[yellow]capture failed[/] {escape(e['op'])} {escape(e['backend'])} {e['dtype']} "
                       f"{escape(json.dumps(e['params']))}: {escape(e['message'])}")
         out.print(line)
+        for r in candidate_rows:
+            if r["status"] != "ok":
+                out.print(f"[bold red]candidate pruned[/] {escape(r['space'])} {escape(r['config'])} on "
+                          f"{r['target']}: {escape(r['reason'] or '')}")
+        if candidates:
+            bad = sum(r["status"] != "ok" for r in candidate_rows)
+            out.print(f"declared candidates: {len(candidate_rows)} (kernel, key, config) compiled, {bad} failing")
     if markdown_path is not None:
         markdown_path.write_text(gate.markdown(rows, f"<!-- {line} -->"))
     failed = gate.failures(results)
-    if failed or errors:
+    if failed or errors or any(r["status"] != "ok" for r in candidate_rows):
         sys.exit(1)
+
+
+def _candidates(specs, target: str, jobs, cache_dir, err) -> list[dict]:
+    """Every declared candidate of each captured (kernel, key), compiled for `target` (spark_bench/tune/plan.py)."""
+    from spark_bench.tune import plan as planning
+
+    the_plan = planning.build(gate.launched_cases(specs), target, jobs=jobs, cache_dir=cache_dir, one_per_key=True,
+                              say=lambda line: err.write(line.replace("tune: ", f"{target}: ") + "\n"))
+    return gate.candidate_rows(the_plan, target)

@@ -167,3 +167,27 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
             f"| {_span([r['num_stages'] for r in rs])} | {', '.join(tcs)} | {_span(grids)} "
             f"| {slowest} |")
     return "\n".join(lines) + "\n"
+
+
+def launched_cases(specs: list[Spec]) -> list[Any]:
+    """The distinct (op, backend, point, dtype) cases whose launches were captured, as sweep Cases."""
+    from spark_bench.sweep import Case
+
+    seen: dict[str, Any] = {}
+    for spec in specs:
+        for launch in spec.launches:
+            case = Case(launch["op"], launch["backend"], launch["params"], launch["dtype"], "cpu", 0)
+            seen.setdefault(case.case_id, case)
+    return list(seen.values())
+
+
+def candidate_rows(plan: dict[str, Any], target: str) -> list[dict[str, Any]]:
+    """One row per declared candidate config (besides the default) of each kernel and key: its offline verdict."""
+    rows = []
+    for item in plan["items"]:
+        for cand in item["candidates"]:
+            rows.append({"space": item["kernel"], "target": target, "keys": [k["key"] for k in item["keys"]],
+                         "case": f"{item['case']['op']} {item['case']['backend']} {item['case']['dtype']}",
+                         "config": cand["id"], "status": cand["status"], "reason": cand["reason"],
+                         "score": cand["score"]})
+    return rows

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from spark_bench.sweep import Case
-from spark_bench.tune.space import config_id
+from spark_bench.tune.space import config_id, key_id
 
 CAPABILITY_TARGETS = {"8.0": "sm_80", "9.0": "sm_90a", "10.0": "sm_100a"}
 
@@ -50,10 +50,11 @@ def _unique(values: Sequence[Any]) -> list[Any]:
 
 
 def build(base: Sequence[Case], target: str | None, *, jobs: int | None = None, cache_dir=None,
-          say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+          say: Callable[[str], None] = lambda line: None, one_per_key: bool = False) -> dict[str, Any]:
     """The plan: {"items": [{case, kernel, keys: [{key, config (declared)}], candidates: [{config, id, status,
     reason, score}]}],
-    "untunable": [case ids launching no declared kernel], "capture_errors": [...], "target"}."""
+    "untunable": [case ids launching no declared kernel], "capture_errors": [...], "target"}. `one_per_key`: only
+    the first case of each (kernel, keys) gets an item (what `spark-bench kernels --candidates` compiles)."""
     from spark_bench.kernelgate.capture import run_capture
 
     say(f"tune: capturing the launches of {len(base)} case(s) on meta tensors ...")
@@ -75,6 +76,9 @@ def build(base: Sequence[Case], target: str | None, *, jobs: int | None = None, 
                           "keys": _unique([{"key": p["key"], "config": p["config"]} for p in picks]),
                           "candidates": [{"config": c, "id": config_id(c), "status": "ok", "reason": None,
                                           "score": None} for c in candidates]})
+    if one_per_key:
+        items = list({(i["kernel"], key_id({"k": [k["key"] for k in i["keys"]]})): i for i in reversed(items)}
+                     .values())[::-1]
     n = sum(len(i["candidates"]) for i in items)
     if target is not None and n:
         _prune(items, first["specs"], target, jobs, cache_dir, say)
@@ -104,6 +108,10 @@ def _prune(items: list[dict[str, Any]], base_specs: list[Any], target: str, jobs
             cand.update(status="pruned", reason=f"capture: {outcome['error']}")
             continue
         specs = per_case.get(index, [])
+        lost = [verdicts[s.key] for s in specs if "compile worker died" in (verdicts[s.key].error or "")]
+        if lost:  # the compiler crashed, not the config: time it rather than drop it unjudged
+            cand["reason"] = f"not checked offline ({lost[0].error})"
+            continue
         bad = [(s, verdicts[s.key]) for s in specs if verdicts[s.key].verdict != "ok"]
         if bad:
             spec, result = bad[0]
