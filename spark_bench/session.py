@@ -48,11 +48,15 @@ class PhaseTimeline:
             self.tele.stop()
 
 
-def shapes_note(spec: SweepSpec) -> str:
-    """What the header says of the shapes: a preset's model shapes are not quick ones, whatever --quick says."""
+def shapes_note(spec: SweepSpec, cfg: TimingConfig | None = None) -> str:
+    """What the header says of the shapes: a preset's model shapes are not quick ones, whatever --quick says; quick
+    timing only when the timing is (a CPU sweep takes quick shape points without --quick, not quick timing); and
+    that Triton runs interpreted on a CPU."""
+    interpreted = "; Triton interpreted" if spec.device.startswith("cpu") else ""
     if spec.preset is not None:
-        return f"  (preset {spec.preset} shapes" + (", quick timing)" if spec.quick else ")")
-    return "  (quick shapes)" if spec.quick else ""
+        quick_timing = cfg == TimingConfig.quick() if cfg is not None else spec.quick
+        return f"  (preset {spec.preset} shapes" + (", quick timing" if quick_timing else "") + f"{interpreted})"
+    return f"  (quick shapes{interpreted})" if spec.quick else (f"  ({interpreted[2:]})" if interpreted else "")
 
 
 def add_roofline(record: dict[str, Any], roofline: dict[str, Any] | None) -> None:
@@ -155,7 +159,7 @@ class Session:
         out = console()
         todo = pending(self.store, self.cases)
         out.print(f"spark-bench: {len(self.cases)} cases on {self.spec.device}, {len(todo)} to run -> {self.store.path}"
-                  + shapes_note(self.spec), markup=False)
+                  + shapes_note(self.spec, self.cfg), markup=False)
         tele, _ = RunTelemetry.start(self.store.path, self.spec.device) if self.spec.device.startswith("cuda") \
             else (None, "CPU device")
         timeline = PhaseTimeline(tele)

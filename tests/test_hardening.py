@@ -258,10 +258,16 @@ def test_model_size_points_on_a_cpu_get_a_memory_estimate_first():
 def test_the_header_does_not_call_preset_shapes_quick():
     from spark_bench.session import shapes_note
     from spark_bench.sweep import SweepSpec
+    from spark_bench.timing import config_for
 
-    assert shapes_note(SweepSpec(quick=True)) == "  (quick shapes)"
+    assert shapes_note(SweepSpec(quick=True)) == "  (quick shapes; Triton interpreted)"
+    assert shapes_note(SweepSpec(quick=True, device="cuda")) == "  (quick shapes)"
     assert "quick shapes" not in shapes_note(SweepSpec(quick=True, preset="kimi-linear"))
     assert "preset kimi-linear shapes" in shapes_note(SweepSpec(quick=True, preset="kimi-linear"))
+    # on a CPU a sweep takes quick shape points without --quick, but not quick timing: the header must not say it is
+    cpu_default = shapes_note(SweepSpec(quick=True, preset="kimi-linear"), config_for("cpu", quick=False))
+    assert cpu_default == "  (preset kimi-linear shapes; Triton interpreted)"
+    assert "quick timing" in shapes_note(SweepSpec(quick=True, preset="kimi-linear"), config_for("cpu", quick=True))
 
 
 def test_the_report_says_that_cpu_triton_numbers_are_interpreted(tmp_path):
