@@ -133,3 +133,23 @@ def test_cost_model():
     worst = OP.cost({**p, "routing": "worst"}, "bf16")
     assert worst.bytes == pytest.approx(2 * 256 * 256 * (2 * 84 + 110) / 256 + 4 * 5 * 256)
     assert mod.op.rotate == ("topk_ids", "topk_weights")
+
+
+@pytest.mark.parametrize("seed, tokens, experts, topk, hidden, inter, split_i, split_d, rows", [
+    (17, 1, 9, 8, 256, 512, 2, None, None),  # programs over many pairs (the interpreter's layout)
+    (18, 1, 9, 8, 256, 512, 2, None, 256),  # the GPU layout: a program's rows share one pair
+    (19, 3, 5, 1, 256, 768, 3, None, 512),  # BR does not divide D: per-row pairs and slices
+    (20, 1, 1, 1, 512, 512, None, 2, 256),  # the shared expert: gate/up split over D, S from the CTA target
+    (21, 3, 5, 1, 512, 512, 2, 2, 512)])  # both splits, per-row pairs
+def test_decode_split_over_inter_and_hidden(seed, tokens, experts, topk, hidden, inter, split_i, split_d, rows):
+    inputs = make(tokens, seed, experts=experts, topk=topk, hidden=hidden, inter=inter,
+                  routing="zipf" if seed % 2 else "uniform")
+    check(run(inputs, path="decode", split_i=split_i, split_d=split_d, rows_per_program=rows), inputs)
+
+
+def test_decode_down_split_reaches_the_cta_target():
+    from spark_bench.kernels.moe.experts_gguf import down_split
+
+    assert down_split(8, 2304, 4, 16, 1024) == 1  # Kimi-Linear T = 1: 8 x 144 programs
+    assert down_split(1, 2304, 4, 16, 1024) == 4  # shared expert: every super-block its own slice (576)
+    assert down_split(1, 2304, 6, 16, 300) == 3  # a divisor of the 6 super-blocks

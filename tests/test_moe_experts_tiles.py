@@ -4,7 +4,7 @@ power of two, top-k 1 and 8, several seeds."""
 
 import pytest
 from spark_bench.kernels.moe.experts import BLOCK_M_CONFIGS, fused_experts, live_tiles
-from spark_bench.kernels.moe.experts_decode import decode, down_split
+from spark_bench.kernels.moe.experts_decode import decode, down_split, up_split
 
 from spark_bench import get_op
 from spark_bench.check import check_outputs, poisoned_allocations
@@ -24,13 +24,14 @@ def assert_matches(inp, **kw):
     assert check["ok"], check["message"]
 
 
-@pytest.mark.parametrize("seed, tokens, experts, topk, split_i", [
-    (0, 1, 9, 8, 16), (1, 3, 7, 1, 24), (2, 1, 1, 1, 8), (3, 5, 9, 8, None), (4, 3, 9, 8, 40)])
-def test_decode_down_split_over_inter(seed, tokens, experts, topk, split_i):
+@pytest.mark.parametrize("seed, tokens, experts, topk, split_i, split_d", [
+    (0, 1, 9, 8, 16, None), (1, 3, 7, 1, 24, 24), (2, 1, 1, 1, 8, 16), (3, 5, 9, 8, None, 40), (4, 3, 9, 8, 40, None),
+    (5, 1, 1, 1, None, 32)])
+def test_decode_split_over_inter_and_hidden(seed, tokens, experts, topk, split_i, split_d):
     inp = inputs(tokens, experts, topk, seed, routing="zipf" if seed % 2 else "uniform")
     with poisoned_allocations():
         out = decode(inp["x"], inp["topk_ids"].int(), inp["topk_weights"].float(), inp["w13"], inp["w2"],
-                     split_i=split_i)
+                     split_i=split_i, split_d=split_d)
     check = check_outputs(OP, out, OP.reference(**inp), inp, "bf16")
     assert check["ok"], check["message"]
 
@@ -56,3 +57,5 @@ def test_decode_split_reaches_the_cta_target():
     assert down_split(8, 2304, 1024, 16, 256, 1024) == (1, 1024)
     S, i_split = down_split(1, 2304, 1024, 16, 128, 1024)
     assert S * 144 >= 1024 and i_split % 128 == 0 and S * i_split >= 1024
+    assert up_split(8, 2304, 1024, 8, 1024) == (1, 2304)  # routed: 8 x 128 programs without a split
+    assert up_split(1, 2304, 1024, 8, 1024) == (8, 320)  # shared expert: 8 slices of D, 1024 programs

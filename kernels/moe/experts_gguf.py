@@ -3,13 +3,15 @@
     y[t] = sum_k w[t, k] * (silu(x[t] @ w1[e].T) * (x[t] @ w3[e].T)) @ w2[e].T,   e = topk_ids[t, k]
 
 w13 [E, 2I, D/256*84] uint8 (gate rows 0..I-1, up rows I..2I-1), w2 [E, D, I/256*110] uint8; I and D multiples
-of 256. Two paths, each two kernels (the SwiGLU intermediate h [T*K, I] goes through memory):
-  decode   (few tokens) programs over the flattened (token-slot pair, I row) outputs, then over (token, D row)
-           summing the token's K slots: matrix-vector products on CUDA cores, so a single token never pads a
-           16-row tensor-core tile. On the GPU a program's 16 rows share one pair (x row loaded once).
+of 256. Two paths (the SwiGLU intermediate h [T*K, I] goes through memory):
+  decode   (few tokens) programs over the flattened (token-slot pair, I row) outputs, then over (pair, slice of I,
+           D row) with fp32 partials, which _sum_slots (kernels/moe/slots.py) adds per token in a fixed order: so
+           T = 1 launches K*S*D/BR down programs (>= 1,024 at Kimi-Linear sizes) instead of D/BR with a serial loop
+           over the K slots, deterministically. Matrix-vector products on CUDA cores, so a single token never pads a
+           16-row tensor-core tile; a program's BR rows share one pair (x or h row loaded once).
   grouped  (prefill) pairs aligned by expert (kernels/moe/align.py, vLLM's moe_align_block_size format), BM-row
            tiles through tl.dot against dequantized bf16 weight tiles; per-pair outputs weighted in the epilogue,
-           then summed over the K slots.
+           then summed over the K slots by _sum_slots.
 Weights are dequantized 32 at a time (kernels/quant/kquants.py): per-row d/dmin once per super-block, then
 contiguous code loads with compile-time offsets.
 """
@@ -20,6 +22,7 @@ import triton.language as tl
 from spark_bench.kernels.common import INTERPRET, next_pow2
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.moe.align import moe_align
+from spark_bench.kernels.moe.slots import sum_slots
 from spark_bench.kernels.quant.kquants import CHUNK, aligned, block_ptr, block_scales, dequant_chunk
 
 # The grouped (prefill) kernels: BN columns per tile (BM, rows per tile, follows the routing load). 8 warps at every
@@ -27,6 +30,23 @@ from spark_bench.kernels.quant.kquants import CHUNK, aligned, block_ptr, block_s
 GROUPED_CONFIGS = declare(ConfigSpace(
     "moe.experts_gguf._grouped", key=("BM",), default={"BN": 64, "num_warps": 8},
     candidates=[{"BN": 64, "num_warps": 4, "num_stages": 2}, {"BN": 128, "num_warps": 8}]))
+# BM from the mean pairs per expert (load = T*K // E): padding waste against weight re-dequantization per tile.
+BLOCK_M_CONFIGS = declare(ConfigSpace(
+    "moe.experts_gguf.block_m", key=("load",), default={"BM": 64},
+    buckets=[({"load": 23}, {"BM": 16}), ({"load": 95}, {"BM": 32})], candidates=[{"BM": 128}],
+    doc="BM of both grouped kernels (and the alignment); load = mean pairs per expert"))
+# Decode: BR output rows per program (a program's rows share one pair when BR divides I / D). BR = 8 gives
+# T*K*I/8 = 1024 up programs at T = 1 (Kimi-Linear); the down projection is one program row set per (pair, slice
+# of I, BR rows of D) with fp32 partials, S slices chosen so the grid reaches MIN_CTAS. With few pairs (the shared
+# expert) gate/up split D too, as fp32 partials that the down kernel sums and activates as it loads h.
+DECODE_UP_CONFIGS = declare(ConfigSpace(
+    "moe.experts_gguf._decode_up", key=("P", "D", "I"), default={"BR": 8, "MIN_CTAS": 1024, "num_warps": 4},
+    candidates=[{"BR": 16, "MIN_CTAS": 1024, "num_warps": 4}, {"BR": 8, "MIN_CTAS": 1024, "num_warps": 2}],
+    doc="BR (gate, up) row pairs per program, D split in super-block slices until MIN_CTAS; P = T*K pairs"))
+DECODE_DOWN_CONFIGS = declare(ConfigSpace(
+    "moe.experts_gguf._decode_down", key=("P", "D", "I"), default={"BR": 16, "MIN_CTAS": 1024, "num_warps": 4},
+    candidates=[{"BR": 8, "MIN_CTAS": 1024, "num_warps": 4}, {"BR": 16, "MIN_CTAS": 2048, "num_warps": 4}],
+    doc="BR rows of D per program; I split into S super-block slices until the grid has MIN_CTAS programs"))
 
 Q2K_BYTES, Q3K_BYTES = 84, 110
 # auto: the decode path up to this many tokens. Both paths spend ~8 ALU ops per dequantized weight, the decode path
@@ -64,49 +84,74 @@ def _row_load(ptr, okc, SHARED: tl.constexpr):
 
 
 @triton.jit
-def _decode_up(x, ids, w13, h, P, K, D, I, rb13, BR: tl.constexpr, SHARED: tl.constexpr):
-    """h[p, n] = silu(x[t] . w1[e, n]) * (x[t] . w3[e, n]) for pair p = t*K + k, e = ids[p]; rows (p, n)
-    flattened, fp32 h."""
-    r, ok, p, n = _flat_rows(I, P * I, BR, SHARED)
+def _decode_up(x, ids, w13, h, P, S1, K, D, I, rb13, NB_SPLIT, BR: tl.constexpr, SHARED: tl.constexpr,
+               PARTS: tl.constexpr):
+    """h[p, n] = silu(x[t] . w1[e, n]) * (x[t] . w3[e, n]) for pair p = t*K + k, e = ids[p]; rows (p*S1 + s, n)
+    flattened, fp32 h. PARTS (S1 > 1 slices of NB_SPLIT super-blocks of D): the gate and up dots of slice s go out
+    as partials h[p*S1 + s] = [gate | up] ([P*S1, 2I]), finished by _decode_down."""
+    r, ok, ps, n = _flat_rows(I, P * S1 * I, BR, SHARED)
     okc = ok[:, None]
+    p = ps // S1
+    b0 = ps % S1 * NB_SPLIT
     e = _row_load(ids + p, okc, SHARED).to(tl.int64)
     gate_rows = w13 + (e * 2 * I + n) * rb13
     up_rows = gate_rows + I * rb13
     x_row = x + (p // K) * D + tl.arange(0, CHUNK)[None, :]
     acc_g = tl.zeros([BR, CHUNK], dtype=tl.float32)
     acc_u = tl.zeros([BR, CHUNK], dtype=tl.float32)
-    for b in range(0, D // 256):
-        g_blk = block_ptr(gate_rows, b, False)
-        u_blk = block_ptr(up_rows, b, False)
+    for j in range(0, NB_SPLIT):
+        g_blk = block_ptr(gate_rows, b0 + j, False)
+        u_blk = block_ptr(up_rows, b0 + j, False)
         dg, mg = block_scales(g_blk, okc, False)
         du, mu = block_scales(u_blk, okc, False)
         for c in range(0, 256, CHUNK):
-            xk = _row_load(x_row + b * 256 + c, okc, SHARED).to(tl.float32)
+            xk = _row_load(x_row + (b0 + j) * 256 + c, okc, SHARED).to(tl.float32)
             acc_g += dequant_chunk(g_blk, okc, dg, mg, c, False) * xk
             acc_u += dequant_chunk(u_blk, okc, du, mu, c, False) * xk
-    tl.store(h + r, _silu_mul(tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)), mask=ok)
+    if PARTS:
+        row = h + (ps * 2 * I + n)
+        tl.store(row, tl.sum(acc_g, axis=1)[:, None], mask=okc)
+        tl.store(row + I, tl.sum(acc_u, axis=1)[:, None], mask=okc)
+    else:
+        tl.store(h + r, _silu_mul(tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)), mask=ok)
 
 
 @triton.jit
-def _decode_down(h, ids, weights, w2, y, T, K, D, I, rb2, BR: tl.constexpr, SHARED: tl.constexpr):
-    """y[t, n] = sum_k weights[t, k] * (h[t*K + k] . w2[e, n]); rows (t, n) flattened, bf16 y."""
-    r, ok, t, n = _flat_rows(D, T * D, BR, SHARED)
+def _h_chunk(h, p, off, okc, I, S1, SHARED: tl.constexpr, PARTS: tl.constexpr):
+    """h[p, off] (fp32): loaded, or (PARTS) SwiGLU of its S1 gate / up partials summed in order."""
+    if PARTS:
+        g = tl.zeros(off.shape, dtype=tl.float32)
+        u = tl.zeros(off.shape, dtype=tl.float32)
+        for s in range(S1):
+            row = h + (p * S1 + s) * 2 * I + off
+            g += _row_load(row, okc, SHARED)
+            u += _row_load(row + I, okc, SHARED)
+        hk = _silu_mul(g, u)
+    else:
+        hk = _row_load(h + p * I + off, okc, SHARED)
+    return hk
+
+
+@triton.jit
+def _decode_down(h, ids, weights, w2, part, P, S, S1, D, I, rb2, NB_SPLIT, BR: tl.constexpr, SHARED: tl.constexpr,
+                 PARTS: tl.constexpr):
+    """part[p*S + s, n] = weights[p] * (h[p] . w2[e, n]) over super-blocks s*NB_SPLIT .. (s+1)*NB_SPLIT - 1 of I
+    (S * NB_SPLIT = I / 256); rows (p*S + s, n) flattened, fp32 partials (summed per token by _sum_slots)."""
+    r, ok, ps, n = _flat_rows(D, P * S * D, BR, SHARED)
     okc = ok[:, None]
+    p = ps // S
+    b0 = ps % S * NB_SPLIT
+    e = _row_load(ids + p, okc, SHARED).to(tl.int64)
+    rows = w2 + (e * D + n) * rb2
     acc = tl.zeros([BR, CHUNK], dtype=tl.float32)
-    for k in range(K):
-        p = t * K + k
-        e = _row_load(ids + p, okc, SHARED).to(tl.int64)
-        rows = w2 + (e * D + n) * rb2
-        h_row = h + p * I + tl.arange(0, CHUNK)[None, :]
-        part = tl.zeros([BR, CHUNK], dtype=tl.float32)
-        for b in range(0, I // 256):
-            blk = block_ptr(rows, b, True)
-            d, dmin = block_scales(blk, okc, True)
-            for c in range(0, 256, CHUNK):
-                hk = _row_load(h_row + b * 256 + c, okc, SHARED)
-                part += dequant_chunk(blk, okc, d, dmin, c, True) * hk
-        acc += _row_load(weights + p, okc, SHARED) * part
-    tl.store(y + r, tl.sum(acc, axis=1).to(y.dtype.element_ty), mask=ok)
+    for j in range(0, NB_SPLIT):
+        blk = block_ptr(rows, b0 + j, True)
+        d, dmin = block_scales(blk, okc, True)
+        for c in range(0, 256, CHUNK):
+            hk = _h_chunk(h, p, (b0 + j) * 256 + c + tl.arange(0, CHUNK)[None, :], okc, I, S1, SHARED, PARTS)
+            acc += dequant_chunk(blk, okc, d, dmin, c, True) * hk
+    out = tl.sum(acc * _row_load(weights + p, okc, SHARED), axis=1)
+    tl.store(part + r, out, mask=ok)
 
 
 @triton.jit
@@ -187,24 +232,37 @@ def _check(x, topk_ids, topk_weights, w13, w2):
     return T, D, E, I, topk_ids.shape[1]
 
 
-def _decode(x, ids, weights, w13, w2, T, D, I, K, rows_per_program=None):
-    """rows_per_program: BR (16 on the GPU: every program within one pair / token, its x or h row a broadcast
-    vector; large under the interpreter, many pairs per program)."""
-    h = torch.empty((T * K, I), dtype=torch.float32, device=x.device)
-    y = torch.empty((T, D), dtype=x.dtype, device=x.device)
+def down_split(P: int, D: int, NB: int, BR: int, min_ctas: int) -> int:
+    """S: the smallest divisor of the NB super-blocks (of I for the down projection, of D for gate/up) giving
+    P*S*D/BR >= min_ctas programs (D: the output rows per pair), else NB."""
+    return next((s for s in range(1, NB + 1) if NB % s == 0 and P * s * triton.cdiv(D, BR) >= min_ctas), NB)
+
+
+def _decode(x, ids, weights, w13, w2, T, D, I, K, rows_per_program=None, split_i=None, split_d=None):
+    """rows_per_program: BR (8-16 on the GPU: every program within one pair, its x or h row a broadcast vector;
+    large under the interpreter, many pairs per program). split_i / split_d: force S / S1, the slices of I of the
+    down projection and of D of gate/up (divisors of I / 256, D / 256; under the interpreter D is not split unless
+    forced)."""
     P = T * K
-    BR = rows_per_program or (min(next_pow2(P * I), 4096) if INTERPRET else 16)
-    _decode_up[(triton.cdiv(P * I, BR),)](x, ids, w13, h, P, K, D, I, w13.shape[2], BR=BR, SHARED=I % BR == 0)
-    BR = rows_per_program or (min(next_pow2(T * D), 4096) if INTERPRET else 16)
-    _decode_down[(triton.cdiv(T * D, BR),)](h, ids, weights, w2, y, T, K, D, I, w2.shape[2], BR=BR,
-                                            SHARED=D % BR == 0)
-    return y
+    meta, options = split(DECODE_UP_CONFIGS.pick(P=P, D=D, I=I))
+    BR = rows_per_program or (min(next_pow2(P * I), 4096) if INTERPRET else meta["BR"])
+    S1 = split_d or (1 if INTERPRET else down_split(P, I, D // 256, BR, meta["MIN_CTAS"]))
+    parts = S1 > 1
+    h = torch.empty((P * S1, 2 * I) if parts else (P, I), dtype=torch.float32, device=x.device)
+    _decode_up[(triton.cdiv(P * S1 * I, BR),)](x, ids, w13, h, P, S1, K, D, I, w13.shape[2], D // 256 // S1, BR=BR,
+                                               SHARED=I % BR == 0, PARTS=parts, **options)
+    meta, options = split(DECODE_DOWN_CONFIGS.pick(P=P, D=D, I=I))
+    BR = rows_per_program or (min(next_pow2(P * D), 4096) if INTERPRET else meta["BR"])
+    S = split_i or down_split(P, D, I // 256, BR, meta["MIN_CTAS"])
+    part = torch.empty((P * S, D), dtype=torch.float32, device=x.device)
+    _decode_down[(triton.cdiv(P * S * D, BR),)](h, ids, weights, w2, part, P, S, S1, D, I, w2.shape[2],
+                                                I // 256 // S, BR=BR, SHARED=D % BR == 0, PARTS=parts, **options)
+    return sum_slots(part, T, x.dtype)
 
 
 def _block_m(pairs: int, experts: int) -> int:
     """Rows per tile from the mean pairs per expert (padding waste vs weight re-reads)."""
-    mean = pairs / experts
-    return 16 if mean < 24 else 32 if mean < 96 else 64
+    return BLOCK_M_CONFIGS.pick(load=pairs // max(1, experts))["BM"]
 
 
 def _grouped(x, ids, weights, w13, w2, T, D, E, I, K):
@@ -222,14 +280,16 @@ def _grouped(x, ids, weights, w13, w2, T, D, E, I, K):
                                              BM=BM, UPCAST_DOT=INTERPRET, **meta, **options)
     _grouped_down[(tiles, triton.cdiv(D, BN))](h, sorted_ids, expert_ids, num_post, weights, w2, out, P, D, I,
                                                w2.shape[2], BM=BM, UPCAST_DOT=INTERPRET, **meta, **options)
-    return out.view(T, K, D).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return sum_slots(out, T, x.dtype)
 
 
 def experts_gguf(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
-                 w2: torch.Tensor, path: str = "auto", rows_per_program: int | None = None) -> torch.Tensor:
+                 w2: torch.Tensor, path: str = "auto", rows_per_program: int | None = None,
+                 split_i: int | None = None, split_d: int | None = None) -> torch.Tensor:
     """x [T, D] bf16, topk_ids [T, K] int, topk_weights [T, K] f32, w13 [E, 2I, D/256*84] uint8 (Q2_K),
     w2 [E, D, I/256*110] uint8 (Q3_K) -> y [T, D] in x's dtype. path: auto | decode | grouped;
-    rows_per_program: the decode path's BR (tests force the GPU's 16 under the interpreter)."""
+    rows_per_program: the decode path's BR (tests force the GPU's 16 under the interpreter); split_i / split_d:
+    its slices of I (down) and of D (gate/up)."""
     T, D, E, I, K = _check(x, topk_ids, topk_weights, w13, w2)
     if T == 0:
         return torch.zeros_like(x)
@@ -239,7 +299,7 @@ def experts_gguf(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
     if path == "auto":
         path = "decode" if T <= DECODE_MAX_TOKENS else "grouped"
     if path == "decode":
-        return _decode(x, ids, weights, w13, w2, T, D, I, K, rows_per_program)
+        return _decode(x, ids, weights, w13, w2, T, D, I, K, rows_per_program, split_i, split_d)
     if path == "grouped":
         return _grouped(x, ids, weights, w13, w2, T, D, E, I, K)
     raise ValueError(f"unknown path {path!r}: auto, decode or grouped")
