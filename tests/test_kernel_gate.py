@@ -132,3 +132,12 @@ def test_declared_candidates_are_compiled_and_an_unlaunchable_one_fails_the_gate
     rejected = by_config["BLOCK=1024,REPEAT=0,WRONG=0,num_warps=64"]
     assert rejected["status"] == "pruned" and "launch-resources" in rejected["reason"]
     assert all(r["status"] == "ok" for c, r in by_config.items() if r is not rejected)
+
+
+def test_a_compile_that_does_not_finish_in_time_is_ended_and_reported(tmp_path):
+    ptr = [["tt.divisibility", 16]]
+    slow = _spec("unrolled_forever", {"x": "*fp32", "y": "*fp32", "T": "constexpr"}, {"T": 20000},
+                 {"num_warps": 4, "num_stages": 1}, {"x": ptr, "y": ptr})
+    [result] = compile_all([slow], ["sm_90a"], jobs=1, cache_dir=tmp_path, deadline_s=5)
+    assert result.verdict == "compile-error" and "not finished within 5 s" in result.error
+    assert not list(tmp_path.rglob("*.json"))  # not cached: another attempt may have more time

@@ -226,9 +226,11 @@ def default_cache_dir() -> Path:
 
 def compile_all(specs: Iterable[Spec], targets: Iterable[str], *, jobs: int | None = None,
                 cache_dir: Path | None = None, triton_cache: Path | None = None,
-                progress: Callable[[int, int, Compiled], None] | None = None) -> list[Compiled]:
+                progress: Callable[[int, int, Compiled], None] | None = None,
+                deadline_s: float | None = None) -> list[Compiled]:
     """Compile every spec for every target (cached results first); returns results in spec x target order.
-    `progress(done, total, result)` is called as each one finishes."""
+    `progress(done, total, result)` is called as each one finishes. After `deadline_s` seconds the compiles still
+    running are killed and reported as compile errors "compile worker died: not finished within N s" (not cached)."""
     cache = ResultCache(None if triton_cache else cache_dir)
     work = [(spec, target) for spec in specs for target in targets]
     done: dict[tuple[str, str], Compiled] = {}
@@ -256,11 +258,14 @@ def compile_all(specs: Iterable[Spec], targets: Iterable[str], *, jobs: int | No
         with futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init,
                                          initargs=(env, list(sys.path))) as pool:
             running = {pool.submit(compile_one, spec.to_dict(), target): (spec, target) for spec, target in todo}
-            for fut in futures.as_completed(running):
+
+            def finish(fut) -> None:
                 spec, target = running[fut]
                 try:
+                    if not fut.done():
+                        raise TimeoutError(f"not finished within {deadline_s:g} s")
                     record = fut.result()
-                except Exception as exc:  # the worker died (ptxas segfault, out of memory)
+                except Exception as exc:  # the worker died (ptxas segfault, out of memory) or ran out of time
                     record = Compiled(key=spec.key, kernel=spec.kernel, target=target, verdict="compile-error",
                                       error=f"compile worker died: {_error_line(exc)}").to_dict()
                 if record["verdict"] != "compile-error" or "worker died" not in (record["error"] or ""):
@@ -269,4 +274,16 @@ def compile_all(specs: Iterable[Spec], targets: Iterable[str], *, jobs: int | No
                 done[(spec.key, target)] = result
                 if progress:
                     progress(len(done), total, result)
+
+            finished: set = set()
+            try:
+                for fut in futures.as_completed(running, timeout=deadline_s):
+                    finish(fut)
+                    finished.add(fut)
+            except futures.TimeoutError:
+                for proc in list(getattr(pool, "_processes", {}).values()):  # stuck in a compile: end it
+                    proc.kill()
+                for fut in running:
+                    if fut not in finished:
+                        finish(fut)
     return [done[(spec.key, target)] for spec, target in work]

@@ -50,7 +50,8 @@ def _unique(values: Sequence[Any]) -> list[Any]:
 
 
 def build(base: Sequence[Case], target: str | None, *, jobs: int | None = None, cache_dir=None,
-          say: Callable[[str], None] = lambda line: None, one_per_key: bool = False) -> dict[str, Any]:
+          say: Callable[[str], None] = lambda line: None, one_per_key: bool = False,
+          deadline_s: float | None = None) -> dict[str, Any]:
     """The plan: {"items": [{case, kernel, keys: [{key, config (declared)}], candidates: [{config, id, status,
     reason, score}]}],
     "untunable": [case ids launching no declared kernel], "capture_errors": [...], "target"}. `one_per_key`: only
@@ -81,11 +82,12 @@ def build(base: Sequence[Case], target: str | None, *, jobs: int | None = None, 
                      .values())[::-1]
     n = sum(len(i["candidates"]) for i in items)
     if target is not None and n:
-        _prune(items, first["specs"], target, jobs, cache_dir, say)
+        _prune(items, first["specs"], target, jobs, cache_dir, say, deadline_s)
     return {"items": items, "untunable": untunable, "capture_errors": errors, "target": target}
 
 
-def _prune(items: list[dict[str, Any]], base_specs: list[Any], target: str, jobs, cache_dir, say) -> None:
+def _prune(items: list[dict[str, Any]], base_specs: list[Any], target: str, jobs, cache_dir, say,
+           deadline_s: float | None) -> None:
     from spark_bench.kernelgate.capture import run_capture
     from spark_bench.kernelgate.offline import compile_all
     from spark_bench.kernelgate.targets import TARGETS
@@ -96,7 +98,8 @@ def _prune(items: list[dict[str, Any]], base_specs: list[Any], target: str, jobs
     captured = run_capture({"cases": requests, "target": target})
     base_keys = {s.key for s in base_specs}
     new_specs = [s for s in captured["specs"] if s.key not in base_keys]  # what a candidate changes
-    verdicts = {r.key: r for r in compile_all(new_specs, [target], jobs=jobs, cache_dir=cache_dir)}
+    verdicts = {r.key: r for r in compile_all(new_specs, [target], jobs=jobs, cache_dir=cache_dir,
+                                              deadline_s=deadline_s)}
     per_case: dict[int, list[Any]] = {}
     for spec in new_specs:
         for index in {launch["case"] for launch in spec.launches}:

@@ -24,6 +24,8 @@ from spark_bench.timing import TimingConfig
 from spark_bench.tune import plan as planning
 from spark_bench.tune.space import config_id, key_id
 
+PRUNE_DEADLINE_S = 900.0  # offline compiles of a tune without --budget
+
 
 @dataclasses.dataclass
 class TuneSession:
@@ -52,7 +54,9 @@ class TuneSession:
         run_id = "tune-" + results.new_run_id(spec.device) if run_dir is None else Path(run_dir).name
         store = results.RunStore(run_dir if run_dir is not None else results_root / run_id)
         store.lock()
-        the_plan = planning.build(base, target, jobs=jobs, say=say)
+        # a compile stuck in Triton's passes must not eat the budget: what has not compiled by then is timed unjudged
+        deadline = max(30.0, budget_s / 3) if budget_s else PRUNE_DEADLINE_S
+        the_plan = planning.build(base, target, jobs=jobs, say=say, deadline_s=deadline)
         for line in planning.summary_lines(the_plan):
             say(line)
         tune = {"plan": the_plan, "budget_s": budget_s, "spent_s": round(time.monotonic() - t0, 3),

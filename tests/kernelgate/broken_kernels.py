@@ -35,3 +35,12 @@ def staged_too_deep(a, b, c, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.const
 def fits(x, y, n, B: tl.constexpr):
     o = tl.program_id(0) * B + tl.arange(0, B)
     tl.store(y + o, tl.load(x + o, mask=o < n) * 2, mask=o < n)
+
+
+@triton.jit
+def unrolled_forever(x, y, T: tl.constexpr):
+    """A static_range over a huge constexpr (a decode kernel given a prefill length): minutes in Triton's passes."""
+    acc = tl.load(x)
+    for t in tl.static_range(T):
+        acc = acc * 1.0001 + tl.load(x + t)
+    tl.store(y, acc)
