@@ -41,7 +41,8 @@ BLOCK_M_CONFIGS = declare(ConfigSpace(
 # expert) gate/up split D too, as fp32 partials that the down kernel sums and activates as it loads h.
 DECODE_UP_CONFIGS = declare(ConfigSpace(
     "moe.experts_gguf._decode_up", key=("P", "D", "I"), default={"BR": 8, "MIN_CTAS": 1024, "num_warps": 4},
-    candidates=[{"BR": 16, "MIN_CTAS": 1024, "num_warps": 4}, {"BR": 8, "MIN_CTAS": 1024, "num_warps": 2}],
+    candidates=[{"BR": 16, "MIN_CTAS": 1024, "num_warps": 4}, {"BR": 8, "MIN_CTAS": 1024, "num_warps": 2},
+                {"BR": 8, "MIN_CTAS": 384, "num_warps": 4}],  # fewer D slices: less partial traffic for the down
     doc="BR (gate, up) row pairs per program, D split in super-block slices until MIN_CTAS; P = T*K pairs"))
 DECODE_DOWN_CONFIGS = declare(ConfigSpace(
     "moe.experts_gguf._decode_down", key=("P", "D", "I"), default={"BR": 16, "MIN_CTAS": 1024, "num_warps": 4},
