@@ -199,3 +199,4 @@ def test_the_budget_cuts_a_round_to_what_the_remaining_time_covers():
     session = TuneSession(store=Journal(), spec=None, cfg=None, timeout_s=1.0, tune={"plan": {"items": []}})
     assert session._fit(10, 10.0) == 3 and session._fit(10, 1000.0) == 10
     assert session._fit(10, 2.0) == 0 and session._fit(10, -5.0) == 0
+    assert session._fit(10, 10.0, walls=[(20.0, 4)]) == 2  # this invocation's rounds: 5 s a case, start-up included

@@ -112,6 +112,7 @@ class TuneSession:
         start, spent0 = time.monotonic(), float(self.tune.get("spent_s") or 0.0)
         budget = self.tune.get("budget_s")
         untimed = 0
+        walls: list[tuple[float, int]] = []  # (seconds, cases) of each round timed by this invocation
         rounds = self.rounds()
         if budget is None:  # one pass over every round: the workers (and their cached inputs) serve them all
             rounds = [[c for r in rounds for c in r]]
@@ -119,16 +120,18 @@ class TuneSession:
             todo = pending(self.store, cases)
             if budget is not None and todo:
                 left = budget - spent0 - (time.monotonic() - start)
-                fit = self._fit(len(todo), left)
+                fit = self._fit(len(todo), left, walls)
                 untimed += len(todo) - fit
                 todo = todo[:fit]
             if not todo:
                 continue
             say(f"tune: timing {len(todo)} case(s)" + ("" if budget is None else f" (round {number}"
                 + (": the declared configs)" if number == 0 else ")")))
+            round_start = time.monotonic()
             with SweepProgress(len(todo), console()) as progress:
                 Runner(self.store, self.cfg, timeout_s=self.timeout_s, device=self.spec.device,
                        on_phase=progress.phase, on_result=progress.result, executor=executor).run(todo)
+            walls.append((time.monotonic() - round_start, len(todo)))
         if untimed:
             say(f"tune: the budget ({budget:g} s) left {untimed} candidate case(s) untimed; --resume with a larger "
                 "--budget to time them")
@@ -143,11 +146,16 @@ class TuneSession:
         failed = [r for r in records if r["case_id"] in base_ids and r["status"] in results.FAILED]
         return (1 if failed else 0), path
 
-    def _fit(self, n: int, left: float) -> int:
+    def _fit(self, n: int, left: float, walls: list[tuple[float, int]] = ()) -> int:
+        """How many of n cases the `left` seconds cover: at the wall time per case of this invocation's rounds
+        (worker start-up included), else at the mean recorded case duration (a resumed tune's first round)."""
         if left <= 0:
             return 0
-        done = [r.get("duration_s") or 0.0 for r in self.store.read_results()]
-        mean = sum(done) / len(done) if done else 0.0
+        if walls:
+            mean = sum(w for w, _ in walls) / max(1, sum(k for _, k in walls))
+        else:
+            done = [r.get("duration_s") or 0.0 for r in self.store.read_results()]
+            mean = sum(done) / len(done) if done else 0.0
         return n if mean <= 0 else max(0, min(n, int(left // mean)))
 
     def _write(self, entries: list[tuple[str, dict[str, Any]]], run: dict[str, Any]) -> Path:
