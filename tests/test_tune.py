@@ -200,3 +200,20 @@ def test_the_budget_cuts_a_round_to_what_the_remaining_time_covers():
     assert session._fit(10, 10.0) == 3 and session._fit(10, 1000.0) == 10
     assert session._fit(10, 2.0) == 0 and session._fit(10, -5.0) == 0
     assert session._fit(10, 10.0, walls=[(20.0, 4)]) == 2  # this invocation's rounds: 5 s a case, start-up included
+
+
+def test_run_tuned_auto_finds_this_devices_table_and_warns_of_another_devices(tmp_path):
+    from spark_bench.fingerprint import device_info
+    from spark_bench.tune.cli import load_tuned
+    from spark_bench.tune.store import default_path
+
+    warnings = []
+    assert load_tuned("auto", "cpu", tmp_path, warnings.append) is None
+    assert "no tuned table for this device" in warnings[-1]
+    mine = _store([("test._k", {"n": 1}, {"B": 8}, "t")], device=device_info("cpu"))
+    mine.save(default_path(device_info("cpu"), tmp_path), "now")
+    got = load_tuned("auto", "cpu", tmp_path, warnings.append)
+    assert got["data"]["kernels"]["test._k"][0]["config"] == {"B": 8} and len(warnings) == 1
+    _store([]).save(tmp_path / "gpu.json", "now")
+    assert load_tuned(str(tmp_path / "gpu.json"), "cpu", tmp_path, warnings.append) is not None
+    assert "was tuned on NVIDIA Test (sm 9.0)" in warnings[-1]
