@@ -184,6 +184,7 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
 
         connect(history_db, create=True).close()
     if session is None:
+        executor.prestart(spec.device)  # the workers start up (torch, plugins) while this process finds the cases
         session = Session.create(spec, cfg, out, timeout, command=sys.argv, results_root=RESULTS_ROOT)
     code = session.execute(report=not no_report, executor=executor, confirm_crashes=not no_confirm_crashes)
     if history_db is not None:

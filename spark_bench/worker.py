@@ -241,6 +241,24 @@ def _die_with_parent() -> None:
         pass
 
 
+def _log_to(path: str, moved_from: str | None = None) -> None:
+    """stdout and stderr (a backend's too, never the user's terminal) append to `path`; with `moved_from`, what was
+    logged there so far is copied over first and that file removed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    if moved_from:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with open(moved_from, "rb") as old:
+            os.write(fd, old.read())
+        os.unlink(moved_from)
+    os.dup2(fd, 2)
+    os.dup2(fd, 1)
+    os.close(fd)
+    if not moved_from:
+        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+
+
 def main(conn, device: str, log_path: str | None) -> None:
     """Entry point of a spawned worker process."""
     _die_with_parent()
@@ -249,11 +267,7 @@ def main(conn, device: str, log_path: str | None) -> None:
     except OSError:
         pass
     if log_path:
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 2)
-        os.dup2(fd, 1)  # a backend's stdout goes to the log too, never to the user's terminal
-        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
-        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+        _log_to(log_path)
     faulthandler.enable(all_threads=True)
     triton_env.configure(device)
     if device.startswith("cuda"):
@@ -269,6 +283,11 @@ def main(conn, device: str, log_path: str | None) -> None:
             return
         if message[0] == "stop":
             return
+        if message[0] == "log":  # started before its run directory existed: log there from now on
+            _log_to(message[1], moved_from=log_path)
+            log_path = message[1]
+            conn.send(("log",))
+            continue
         _, case_dict, cfg_dict, n_sets = message
         record = runner.run(Case(**case_dict), TimingConfig(**cfg_dict), n_sets)
         conn.send(("result", record))

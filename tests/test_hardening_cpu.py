@@ -51,3 +51,33 @@ def test_profile_of_an_interpreted_call_says_so(tmp_path):
     assert "interpreted" in head and "Triton interpreter" in head, head
     saved = json.loads((tmp_path / "kernels.json").read_text())
     assert saved["labels"] == ["interpreted"] and "interpreter" in saved["what"]
+
+
+def test_a_prestarted_worker_is_adopted_with_its_start_up_log(tmp_path, monkeypatch):
+    """Issue 15 item 14: `run` starts its worker before it discovers the plugins (the two start-ups overlap); the
+    run adopts that worker, which moves its log, start-up output included, into the run's logs/."""
+    from conftest import TESTS
+
+    from spark_bench import results
+    from spark_bench.executors.local import LocalExecutor
+    from spark_bench.runner import Runner
+    from spark_bench.timing import TimingConfig
+
+    monkeypatch.syspath_prepend(str(TESTS / "plugins"))
+    monkeypatch.setenv("SPARK_BENCH_PLUGINS", "fault_plugin")
+    executor = LocalExecutor()
+    executor.prestart("cpu")
+    early = executor.early["cpu"]
+    park = early.log_path
+    with open(park, "a") as f:  # what the worker wrote while the parent was still preparing the run
+        f.write("early start-up line\n")
+    store = results.RunStore(tmp_path / "run")
+    store.create({"run_id": "run"})
+    cfg = TimingConfig(warmup_s=0.0, min_samples=2, max_samples=2, min_time_s=0.0, max_time_s=0.0)
+    (rec,) = Runner(store, cfg, timeout_s=120, device="cpu", executor=executor).run(
+        [Case("fault.scale", "good", {"rows": 3, "cols": 5}, "fp32", "cpu", 0)])
+    assert rec["status"] == "ok" and rec["worker_pid"] == early.process.pid
+    (log,) = (tmp_path / "run" / "logs").iterdir()
+    assert log.name == park.name and not park.exists()
+    assert "early start-up line" in log.read_text()
+    assert executor.early == {}

@@ -73,6 +73,11 @@ class Executor(abc.ABC):
         """How many cases run at once (for the dry-run estimate); None when only known at run time."""
         return 1
 
+    def prestart(self, device: str) -> None:
+        """Start what the run will need while the caller is still preparing it (local: the worker processes, whose
+        start-up then overlaps the parent's plugin discovery). Optional; nothing by default."""
+        return None
+
 
 @dataclasses.dataclass(frozen=True)
 class Slot:

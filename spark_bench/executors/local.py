@@ -9,10 +9,13 @@ calling thread, which alone reports them. The Ray executor reuses `WorkerSlot` i
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -93,6 +96,17 @@ class Worker:
             raise RuntimeError(f"worker died during start-up ({why})\n{detail}")
         self.pid = msg[1]
 
+    def move_log(self, log_dir: Path) -> None:
+        """A worker started before its run directory existed logs into `log_dir` from now on, what it wrote so far
+        included (it copies its log there and acknowledges before any case is sent)."""
+        target = log_dir / self.log_path.name
+        self.conn.send(("log", str(target)))
+        msg = self.receive(STARTUP_TIMEOUT_S)
+        if msg is None or msg[0] != "log":
+            self.kill()
+            raise RuntimeError(f"worker did not move its log to {target} ({msg})\n{_tail(self.log_path)}")
+        self.log_path = target
+
     def receive(self, timeout: float) -> tuple | None:
         """The next message, None on timeout, ('dead', exitcode) when the process died.
 
@@ -161,26 +175,34 @@ PhaseFn = Callable[[Case, str], None]
 class WorkerSlot:
     """Runs cases one at a time in a (re)spawned worker pinned to one slot; every outcome becomes a record."""
 
-    def __init__(self, slot: Slot, ctx: RunContext, log_dir: Path) -> None:
+    def __init__(self, slot: Slot, ctx: RunContext, log_dir: Path, early: Worker | None = None) -> None:
         self.slot, self.ctx, self.log_dir = slot, ctx, log_dir
         self.worker: Worker | None = None
+        self.early = early  # started by LocalExecutor.prestart, adopted as this slot's first worker
         self.started = 0.0
         self.last_case: str | None = None  # the case the current worker process ran last
 
     def _worker(self) -> Worker:
         if self.worker is None or not self.worker.process.is_alive():
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            self.worker = Worker(self.slot.device, self.log_dir, dict(self.slot.env), self.slot.label)
+            early, self.early = self.early, None
+            self.worker = early or Worker(self.slot.device, self.log_dir, dict(self.slot.env), self.slot.label)
             self.last_case = None
             self.worker.wait_ready()
+            if early is not None:
+                self.worker.move_log(self.log_dir)
         return self.worker
 
     def retire(self) -> None:
-        if self.worker is not None:
-            self.worker.kill()
-            self.worker = None
+        for worker in (self.worker, self.early):
+            if worker is not None:
+                worker.kill()
+        self.worker = self.early = None
 
     def close(self) -> None:
+        if self.early is not None:
+            self.early.kill()
+            self.early = None
         if self.worker is not None:
             self.worker.stop()
             self.worker = None
@@ -270,6 +292,8 @@ class LocalExecutor(Executor):
         self.slots = list(slots) if slots else None
         self.retries = retries
         self.timeline: list[tuple[str, str, float, float]] = []  # (slot, case_id, start, end), monotonic seconds
+        self.early: dict[str, Worker] = {}  # slot label -> a worker started by prestart()
+        self.early_device: str | None = None
 
     def describe(self) -> str:
         slots = self.slots or []
@@ -278,12 +302,27 @@ class LocalExecutor(Executor):
     def slots_count(self) -> int:
         return len(self.slots or [None])
 
+    def prestart(self, device: str) -> None:
+        """Spawn the workers now, logging into a temporary directory until the run adopts them: a worker's start-up
+        (torch, every plugin) then overlaps the parent's own. Workers nobody adopts end with this process."""
+        if self.early:
+            return
+        park = Path(tempfile.mkdtemp(prefix="spark-bench-workers-"))
+        atexit.register(shutil.rmtree, park, True)
+        self.early_device = device
+        for slot in self.slots or parse_devices(None, device):
+            self.early[slot.label] = Worker(slot.device, park, dict(slot.env), slot.label)
+        atexit.register(lambda: [w.kill() for w in self.early.values()])
+
     def run(self, cases: Sequence[Case], ctx: RunContext, sink: Sink) -> None:
         slots = self.slots or parse_devices(None, ctx.device)
         log_dir = ctx.log_dir or Path("logs")
         work = CaseQueue(cases, self.retries, ctx.energy)
         events: queue.Queue = queue.Queue()
-        runners = [WorkerSlot(slot, ctx, log_dir) for slot in slots]
+        early, self.early = (self.early if self.early_device == ctx.device else {}), {}
+        runners = [WorkerSlot(slot, ctx, log_dir, early.pop(slot.label, None)) for slot in slots]
+        for worker in early.values():  # not this run's (another device or slot)
+            worker.kill()
 
         def drive(runner: WorkerSlot) -> None:
             try:
