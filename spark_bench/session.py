@@ -65,6 +65,18 @@ def add_roofline(record: dict[str, Any], roofline: dict[str, Any] | None) -> Non
         record["roofline"] = percent_of_peak(record.get("gbps"), record.get("tflops"), record.get("dtype"), roofline)
 
 
+def stored_sweep(store: results.RunStore, run: dict[str, Any]) -> tuple[SweepSpec, TimingConfig, float]:
+    """(spec, timing config, phase timeout) of a run directory's run.json, for `--resume`; ResultsError if unusable."""
+    raw = dict(run.get("spec") or {})
+    try:
+        cfg = TimingConfig(**raw.pop("timing"))
+        timeout_s = float(raw.pop("timeout_s"))
+        return SweepSpec.from_dict(raw), cfg, timeout_s
+    except (KeyError, TypeError, ValueError) as exc:
+        raise results.ResultsError(f"{store.run_file}: no usable sweep spec ({type(exc).__name__}: {exc}); "
+                                   "this run cannot be resumed") from None
+
+
 @dataclasses.dataclass
 class Session:
     store: results.RunStore
@@ -126,14 +138,7 @@ class Session:
         if run.get("kind") == "tune":  # its cases are the tune's plan, not the sweep's
             raise results.ResultsError(f"{path} is a tune directory; resume it with `spark-bench tune --resume "
                                        f"{path}`")
-        raw = dict(run.get("spec") or {})
-        try:
-            cfg = TimingConfig(**raw.pop("timing"))
-            timeout_s = float(raw.pop("timeout_s"))
-            spec = SweepSpec.from_dict(raw)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise results.ResultsError(f"{store.run_file}: no usable sweep spec ({type(exc).__name__}: {exc}); "
-                                       "this run cannot be resumed") from None
+        spec, cfg, timeout_s = stored_sweep(store, run)
         store.repair_tail()
         return cls(store, spec, cfg, timeout_s, cls._cases(spec))
 

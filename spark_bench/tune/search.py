@@ -78,13 +78,9 @@ class TuneSession:
                                        "--resume`)")
         store.lock()
         run = store.read_run()
-        raw = dict(run.get("spec") or {})
-        try:
-            cfg = TimingConfig(**raw.pop("timing"))
-            timeout_s = float(raw.pop("timeout_s"))
-            spec = SweepSpec.from_dict(raw)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise results.ResultsError(f"{store.run_file}: no usable sweep spec ({exc}); cannot resume") from None
+        from spark_bench.session import stored_sweep
+
+        spec, cfg, timeout_s = stored_sweep(store, run)
         store.repair_tail()
         return cls(store, spec, cfg, timeout_s, run["tune"])
 
