@@ -81,3 +81,29 @@ def test_a_prestarted_worker_is_adopted_with_its_start_up_log(tmp_path, monkeypa
     assert log.name == park.name and not park.exists()
     assert "early start-up line" in log.read_text()
     assert executor.early == {}
+
+
+def test_a_killed_runs_worker_logs_are_removed_by_the_next_prestart(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from spark_bench.executors.local import PARK_PREFIX, LocalExecutor
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"{PARK_PREFIX}{gone.stdout.strip()}-abc"  # a run killed by SIGKILL left it
+    stale.mkdir()
+    (stale / "worker-cpu-1.log").write_text("start-up")
+    live = tmp_path / f"{PARK_PREFIX}{os.getpid()}-def"  # a run still going keeps its own
+    live.mkdir()
+    executor = LocalExecutor()
+    executor.prestart("cpu")
+    try:
+        assert not stale.exists() and live.exists()
+        assert executor.early["cpu"].log_path.parent.name.startswith(f"{PARK_PREFIX}{os.getpid()}-")
+    finally:
+        for worker in executor.early.values():
+            worker.kill()

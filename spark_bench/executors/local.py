@@ -283,6 +283,23 @@ class WorkerSlot:
                                      worker_log_tail=log)
 
 
+PARK_PREFIX = "spark-bench-workers-"  # + the parent's pid: where prestarted workers log until a run adopts them
+
+
+def _remove_stale_parks() -> None:
+    """The temporary log directories of runs killed before their exit handlers ran (kill -9, SIGTERM): their pid is
+    gone. (A pid reused since then keeps its directory until a later run.)"""
+    for path in Path(tempfile.gettempdir()).glob(f"{PARK_PREFIX}*-*"):
+        try:
+            os.kill(int(path.name[len(PARK_PREFIX):].split("-")[0]), 0)
+        except ValueError:
+            continue  # not ours
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            continue  # alive, another user's
+
+
 class LocalExecutor(Executor):
     """Spawned worker processes on this machine, one per slot (default: one on the run's device)."""
 
@@ -307,7 +324,8 @@ class LocalExecutor(Executor):
         (torch, every plugin) then overlaps the parent's own. Workers nobody adopts end with this process."""
         if self.early:
             return
-        park = Path(tempfile.mkdtemp(prefix="spark-bench-workers-"))
+        _remove_stale_parks()
+        park = Path(tempfile.mkdtemp(prefix=f"{PARK_PREFIX}{os.getpid()}-"))
         atexit.register(shutil.rmtree, park, True)
         self.early_device = device
         for slot in self.slots or parse_devices(None, device):
