@@ -20,7 +20,7 @@ from spark_bench import triton_env
 # candidate is a whole-row-block tile (64 tokens x 128 experts, wgmma on sm_90a) that re-reads w 4x less.
 LOGITS_CONFIGS = declare(ConfigSpace(
     "moe.router._router_logits", key=("T", "E", "D"), default={"BT": 16, "BE": 32, "BD": 64, "num_warps": 4},
-    candidates=[{"BT": 16, "BE": 64, "BD": 128, "num_warps": 4},
+    candidates=[{"BT": 16, "BE": 64, "BD": 64, "num_warps": 4},  # 16x64x128 spilled 8-12 B on sm_90a
                 {"BT": 64, "BE": 128, "BD": 64, "num_warps": 8, "num_stages": 3}],
     doc="BT tokens x BE experts per program, BD of D per step"))
 # Selection: BT = BUDGET // next_pow2(E) rows per program (the whole expert row in registers).
