@@ -39,3 +39,12 @@ def hostile_env(fault_env, tmp_path):
     processes its backends start are written under tmp_path/hostile."""
     (tmp_path / "hostile").mkdir()
     return {**fault_env, "SPARK_BENCH_PLUGINS": "fault_plugin,hostile_plugin", "HOSTILE_DIR": str(tmp_path / "hostile")}
+
+
+@pytest.fixture(autouse=True)
+def _inner_pytest_is_not_an_xdist_worker(request, monkeypatch):
+    """Under `-n 2` this process is an xdist worker: the pytest sessions a test runs with `pytester` inherit its
+    PYTEST_XDIST_* variables, and pytest-benchmark then believes *they* are distributed and disables itself."""
+    if "pytester" in request.fixturenames:
+        for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+            monkeypatch.delenv(name, raising=False)
