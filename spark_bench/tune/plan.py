@@ -52,10 +52,13 @@ def _unique(values: Sequence[Any]) -> list[Any]:
 def build(base: Sequence[Case], target: str | None, *, jobs: int | None = None, cache_dir=None,
           say: Callable[[str], None] = lambda line: None, one_per_key: bool = False,
           deadline_s: float | None = None) -> dict[str, Any]:
-    """The plan: {"items": [{case, kernel, keys: [{key, config (declared)}], candidates: [{config, id, status,
-    reason, score}]}],
-    "untunable": [case ids launching no declared kernel], "capture_errors": [...], "target"}. `one_per_key`: only
-    the first case of each (kernel, keys) gets an item (what `spark-bench kernels --candidates` compiles)."""
+    """The plan, stored in the tune's run.json:
+
+        {"items": [{"case", "kernel", "keys": [{"key", "config" (the declared one)}],
+                    "candidates": [{"config", "id", "status": ok|pruned, "reason", "score"}]}],
+         "untunable": [ids of cases that launch no declared kernel], "capture_errors": [...], "target"}
+
+    `one_per_key`: only the first case of each (kernel, keys) gets an item (what `kernels --candidates` compiles)."""
     from spark_bench.kernelgate.capture import run_capture
 
     say(f"tune: capturing the launches of {len(base)} case(s) on meta tensors ...")
