@@ -12,6 +12,8 @@ expert (BLOCK_M_CONFIGS): 64 or 128 wherever the load allows, so Hopper runs wgm
 Decode path (T*K <= min(DECODE_MAX_SLOTS, 2E)): GEMVs without alignment (kernels/moe/experts_decode.py).
 """
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -28,11 +30,14 @@ BLOCK_M_CONFIGS = declare(ConfigSpace(
     candidates=[{"BM": 64}],
     doc="BM of both grouped GEMMs (and the alignment); load = mean slots per expert"))
 # GEMM tiles per BM. On sm_90a (triton 3.6) with D or I not a multiple of 16, BM = 64 spilled 92-556 B at 4 warps
-# and BM = 16 spilled 12 B at 8: warps follow BM. GROUP_M m-tiles share their n sweep.
+# and BM = 16 spilled 12 B at 8: warps follow BM. GROUP_M m-tiles share their n sweep. ALIGN = gcd(D, I, 16): without
+# 16-element rows (the quick sweep's D = 136, I = 72) the 64x64 tiles at BM <= 32 took 255 registers and spilled
+# 72-176 B under triton 3.6 (masked unvectorised loads); 32x32 takes 96-148 and none.
 SWIGLU_CONFIGS = declare(ConfigSpace(
-    "moe.experts._grouped_swiglu", key=("BM", "D", "I"),
+    "moe.experts._grouped_swiglu", key=("BM", "D", "I", "ALIGN"),
     default={"BN": 64, "BK": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
-    buckets=[({"BM": 32}, {"BN": 64, "BK": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3})],
+    buckets=[({"BM": 32, "ALIGN": 8}, {"BN": 32, "BK": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}),
+             ({"BM": 32}, {"BN": 64, "BK": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3})],
     candidates=[{"BN": 64, "BK": 64, "GROUP_M": 16, "num_warps": 8, "num_stages": 4},
                 {"BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}],
     doc="BN columns of w1 and of w3 (two accumulators), BK of D per step, GROUP_M m-tiles per n sweep"))
@@ -135,7 +140,7 @@ def _grouped(x, topk_ids, topk_weights, w13, w2, block_m, group_m=None):
     tiles = live_tiles(P, E, block_m, expert_ids.shape[0])
     h = torch.empty((P, I), dtype=x.dtype, device=x.device)
     y_slots = torch.empty((P, D), dtype=x.dtype, device=x.device)
-    meta, options = split(SWIGLU_CONFIGS.pick(BM=block_m, D=D, I=I))
+    meta, options = split(SWIGLU_CONFIGS.pick(BM=block_m, D=D, I=I, ALIGN=math.gcd(D, I, 16)))
     BN, BK = (_block(I, 128), _block(D, 128)) if INTERPRET else (meta["BN"], meta["BK"])
     G = group_m or meta["GROUP_M"]
     _grouped_swiglu[(tiles * triton.cdiv(I, BN),)](x, w13, h, sorted_ids, expert_ids, num_post, D, I, P, tiles,
