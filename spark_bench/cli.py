@@ -167,7 +167,7 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
         spec.tuned = load_tuned(tuned, device, RESULTS_ROOT, warn=lambda m: click.echo(f"warning: {m}", err=True))
         from spark_bench.timing import config_for  # torch: imported once a run starts, not for every command
 
-        cfg = config_for(device, quick, max_time_s=max_time, min_samples=min_samples, target_rel_ci=target_ci,
+        cfg = config_for(device, spec.quick, max_time_s=max_time, min_samples=min_samples, target_rel_ci=target_ci,
                          flush=False if no_flush else None, mode=timer)
     executor = make_executor(executor_kind, device=spec.device, devices=devices, ray_address=ray_address,
                              retries=retries)

@@ -49,14 +49,16 @@ class PhaseTimeline:
 
 
 def shapes_note(spec: SweepSpec, cfg: TimingConfig | None = None) -> str:
-    """What the header says of the shapes: a preset's model shapes are not quick ones, whatever --quick says; quick
-    timing only when the timing is (a CPU sweep takes quick shape points without --quick, not quick timing); and
-    that Triton runs interpreted on a CPU."""
+    """What the header says of the shapes and the timing: a preset's model shapes are not quick ones, whatever
+    --quick says; quick timing only when the timing is (`run` on a CPU takes quick shapes and quick timing without
+    --quick, --max-time etc. change the timing); and that Triton runs interpreted on a CPU."""
     interpreted = "; Triton interpreted" if spec.device.startswith("cpu") else ""
+    quick_timing = cfg == TimingConfig.quick() if cfg is not None else spec.quick
     if spec.preset is not None:
-        quick_timing = cfg == TimingConfig.quick() if cfg is not None else spec.quick
         return f"  (preset {spec.preset} shapes" + (", quick timing" if quick_timing else "") + f"{interpreted})"
-    return f"  (quick shapes{interpreted})" if spec.quick else (f"  ({interpreted[2:]})" if interpreted else "")
+    if spec.quick:
+        return "  (quick shapes" + (" and timing" if quick_timing else "") + f"{interpreted})"
+    return f"  ({interpreted[2:]})" if interpreted else ""
 
 
 def add_roofline(record: dict[str, Any], roofline: dict[str, Any] | None) -> None:

@@ -57,7 +57,7 @@ class TimingConfig:
 
 def config_for(device: str, quick: bool = False, **overrides: Any) -> TimingConfig:
     """The timing budget of a sweep: `quick`, the CPU default (1 s a case) or the GPU default; overrides whose value
-    is None are ignored."""
+    is None are ignored. A CPU sweep of quick shapes (`run` without --full) passes quick=True: docs/overhead.md."""
     if quick:
         cfg = TimingConfig.quick()
     elif device.startswith("cpu"):
@@ -65,6 +65,21 @@ def config_for(device: str, quick: bool = False, **overrides: Any) -> TimingConf
     else:
         cfg = TimingConfig()
     return dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def for_interpreted(cfg: TimingConfig) -> TimingConfig:
+    """The budget of a backend that runs interpreted (Triton on a CPU): no warm-up calls (the check has just run the
+    same call, and an interpreter has nothing to warm), the same stopping rule. Its time is the interpreter's, never
+    the kernel's, and is labelled so wherever it is shown."""
+    return dataclasses.replace(cfg, warmup_s=0.0)
+
+
+def for_stages(cfg: TimingConfig, n_stages: int) -> TimingConfig:
+    """The budget of each of a composite backend's `n_stages` stages: they share the case's warm-up and time budget
+    (each still takes at least `min_samples`), so a breakdown never costs more than the case it breaks down."""
+    n = max(1, n_stages)
+    return dataclasses.replace(cfg, warmup_s=cfg.warmup_s / n, min_time_s=cfg.min_time_s / n,
+                               max_time_s=cfg.max_time_s / n)
 
 
 # --- cache flush --------------------------------------------------------------------------------------------------
@@ -123,13 +138,15 @@ class _Stopper:
 
 
 def _warmup(call_at: Callable[[int], Any], seconds: float, sync: Call) -> int:
+    """Calls for `seconds` (at least one call when seconds > 0, none when it is 0)."""
     start, i = time.perf_counter(), 0
-    while True:
+    while seconds > 0:
         call_at(i)
         i += 1
         sync()
         if time.perf_counter() - start >= seconds:
             return i
+    return i
 
 
 def _record(samples_us: list[float], stop: str, timer: str, cfg: TimingConfig, warmup_s: float, measure_s: float,

@@ -118,12 +118,14 @@ class CaseRunner:
     def _run(self, case: Case, cfg: TimingConfig, n_sets: int, record: dict[str, Any]) -> None:
         from spark_bench.check import check_outputs, clone_inputs, poisoned_allocations
         from spark_bench.compiled import compile_count
-        from spark_bench.timing import measure
+        from spark_bench.timing import for_interpreted, for_stages, measure
         from spark_bench.tune.space import recording, summarize
 
         op = self.reg.get(case.op)
         backend = op.backends[case.backend]
         record["labels"] = backend.labels_for(case.device)
+        if "interpreted" in record["labels"]:
+            cfg = for_interpreted(cfg)
         sets, ref, extra = self._inputs(op, case, n_sets)
         record["extra"] = dict(extra)
         cost = op.cost(case.params, case.dtype)
@@ -170,8 +172,10 @@ class CaseRunner:
 
         if backend.stages is not None:
             self.phase(case.case_id, "stages")
-            record["stages"] = [{"name": name, "timing": measure([call], case.device, cfg)}
-                                for name, call in backend.stages(clone_inputs(sets[0]))]
+            stage_calls = backend.stages(clone_inputs(sets[0]))
+            stage_cfg = for_stages(cfg, len(stage_calls))
+            record["stages"] = [{"name": name, "timing": measure([call], case.device, stage_cfg)}
+                                for name, call in stage_calls]
         record["status"] = "ok"
 
 

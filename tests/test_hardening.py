@@ -260,11 +260,12 @@ def test_the_header_does_not_call_preset_shapes_quick():
     from spark_bench.sweep import SweepSpec
     from spark_bench.timing import config_for
 
-    assert shapes_note(SweepSpec(quick=True)) == "  (quick shapes; Triton interpreted)"
-    assert shapes_note(SweepSpec(quick=True, device="cuda")) == "  (quick shapes)"
+    assert shapes_note(SweepSpec(quick=True)) == "  (quick shapes and timing; Triton interpreted)"
+    assert shapes_note(SweepSpec(quick=True, device="cuda")) == "  (quick shapes and timing)"
+    assert shapes_note(SweepSpec(quick=True), config_for("cpu", quick=False)) == "  (quick shapes; Triton interpreted)"
     assert "quick shapes" not in shapes_note(SweepSpec(quick=True, preset="kimi-linear"))
     assert "preset kimi-linear shapes" in shapes_note(SweepSpec(quick=True, preset="kimi-linear"))
-    # on a CPU a sweep takes quick shape points without --quick, but not quick timing: the header must not say it is
+    # a preset's shapes with the CPU's default budget (run --full): the header must not say the timing is quick
     cpu_default = shapes_note(SweepSpec(quick=True, preset="kimi-linear"), config_for("cpu", quick=False))
     assert cpu_default == "  (preset kimi-linear shapes; Triton interpreted)"
     assert "quick timing" in shapes_note(SweepSpec(quick=True, preset="kimi-linear"), config_for("cpu", quick=True))
