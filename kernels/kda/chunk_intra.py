@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from spark_bench.kernels.common import widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
-from spark_bench.kernels.kda.chunk_prep import l2_normalize_rows
+from spark_bench.kernels.kda.chunk_prep import l2_normalize_rows, to_output_dtype
 
 # BKD: the K slice of the pairwise diagonal products ([BC, BC, BKD] tiles). 16 x 8 warps, 1 stage: ~206 registers
 # and no spills on sm_90a for the tf32 and the fp32 (IEEE, CUDA-core) paths; 2-3 stages spill on the fp32 path.
@@ -68,7 +68,7 @@ def _diag_block(q, k, gcum, sq, sk, rows, m_r, n_q, n_k, i_h, H: tl.constexpr, K
 def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk, scale, sq, sk, sv,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                  BK: tl.constexpr, BV: tl.constexpr, BKD: tl.constexpr,
-                 L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr):
+                 L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr):
     """Row blocks i_b and, inside, earlier row blocks j_b are runtime loops over [BC, *] tiles: unrolled over whole
     [BT, BK] tiles, the kernel held 255 registers x 8 warps, spilled, and compiled for minutes."""
     i_c = tl.program_id(0)
@@ -124,42 +124,46 @@ def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk,
                 k_j = l2_normalize_rows(tl.load(p_kj, mask=m_k[None, :], other=0.0).to(tl.float32), L2NORM)
                 g_j = tl.load(gcum + offs_jk, mask=m_k[None, :], other=0.0)
                 k_hat = tl.trans(k_j * tl.exp(tl.where(m_k[None, :], g_r[None, :] - g_j, 0.0)))
-                tl.store(aqk + offs_a + j_b * BC + o_c[None, :], tl.dot(q_r, k_hat, input_precision=PREC),
+                a_qk = tl.dot(q_r, k_hat, input_precision=PREC)
+                tl.store(aqk + offs_a + j_b * BC + o_c[None, :], to_output_dtype(a_qk, aqk, INTERPRET),
                          mask=m_r[:, None])
                 a_kk = tl.dot(k_r, k_hat, input_precision=PREC) * b_beta[:, None]
-                w_j = tl.load(w + offs_jk, mask=m_k[None, :], other=0.0)
-                u_j = tl.load(u + (rows_j[:, None] * H + i_h) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+                w_j = tl.load(w + offs_jk, mask=m_k[None, :], other=0.0).to(tl.float32)
+                u_j = tl.load(u + (rows_j[:, None] * H + i_h) * V + o_v[None, :], mask=m_v[None, :],
+                              other=0.0).to(tl.float32)
                 rhs_w -= tl.dot(a_kk, w_j, input_precision=PREC)
                 rhs_u -= tl.dot(a_kk, u_j, input_precision=PREC)
             d_qk, d_kk = _diag_block(q, k, gcum, sq, sk, rows, m_r, n_q, n_k, i_h, H, K, BC, BK, BKD)
             d_qk = tl.where(o_c[:, None] >= o_c[None, :], d_qk * scale, 0.0)
             d_kk = tl.where(o_c[:, None] > o_c[None, :], d_kk * b_beta[:, None], 0.0)
-            tl.store(aqk + offs_a + i_b * BC + o_c[None, :], d_qk, mask=m_r[:, None])
+            tl.store(aqk + offs_a + i_b * BC + o_c[None, :], to_output_dtype(d_qk, aqk, INTERPRET), mask=m_r[:, None])
             inv = _unit_lower_inverse(d_kk, BC, PREC)
-            tl.store(w + offs_rk, tl.dot(inv, rhs_w, input_precision=PREC), mask=mask_rk)
-            tl.store(u + offs_rv, tl.dot(inv, rhs_u, input_precision=PREC), mask=mask_rv)
-            tl.store(qd + offs_rk, b_q * tl.exp(b_g) * scale, mask=mask_rk)
-            tl.store(kd + offs_rk, b_k * tl.exp(tl.where(mask_rk, g_last[None, :] - b_g, 0.0)), mask=mask_rk)
+            b_w = tl.dot(inv, rhs_w, input_precision=PREC)
+            tl.store(w + offs_rk, to_output_dtype(b_w, w, INTERPRET), mask=mask_rk)
+            tl.store(u + offs_rv, to_output_dtype(tl.dot(inv, rhs_u, input_precision=PREC), u, INTERPRET), mask=mask_rv)
+            tl.store(qd + offs_rk, to_output_dtype(b_q * tl.exp(b_g) * scale, qd, INTERPRET), mask=mask_rk)
+            b_kd = b_k * tl.exp(tl.where(mask_rk, g_last[None, :] - b_g, 0.0))
+            tl.store(kd + offs_rk, to_output_dtype(b_kd, kd, INTERPRET), mask=mask_rk)
             tl.debug_barrier()  # the next row block reads these W, U rows back
 
 
 def chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, n_chunks, *, scale, BT, l2norm, beta_sigmoid, prec,
                 interpret):
-    """q, k [T, H, K], v [T, H, V] (rows may be strided), beta [T, H], gcum fp32 [T, H, K] -> fp32 (W, U, Qd, Kd,
-    A_qk [T, H, BT])."""
+    """q, k [T, H, K], v [T, H, V] (rows may be strided), beta [T, H], gcum fp32 [T, H, K] -> (W, U, Qd, Kd,
+    A_qk [T, H, BT]): bf16 for 16-bit inputs, fp32 for fp32 inputs."""
     import torch
 
     T, H, K = q.shape
     V = v.shape[-1]
-    f32 = {"dtype": torch.float32, "device": q.device}
-    w, qd, kd = (torch.empty(T, H, K, **f32) for _ in range(3))
-    u = torch.empty(T, H, V, **f32)
-    aqk = torch.empty(T, H, BT, **f32)
+    like = {"dtype": torch.float32 if q.dtype == torch.float32 else torch.bfloat16, "device": q.device}
+    w, qd, kd = (torch.empty(T, H, K, **like) for _ in range(3))
+    u = torch.empty(T, H, V, **like)
+    aqk = torch.empty(T, H, BT, **like)
     BK = max(16, triton.next_power_of_2(K))
     meta, options = split(CONFIGS.pick(K=K, V=V, dtype=str(q.dtype)))
     meta["BKD"] = BK if widen() else min(BK, meta["BKD"])
     _chunk_intra[(n_chunks, H)](
         q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk, scale, q.stride(0), k.stride(0), v.stride(0),
         H=H, K=K, V=V, BT=BT, BC=16, BK=BK, BV=max(16, triton.next_power_of_2(V)),
-        L2NORM=l2norm, BETA_SIGMOID=beta_sigmoid, PREC=prec, **meta, **options)
+        L2NORM=l2norm, BETA_SIGMOID=beta_sigmoid, PREC=prec, INTERPRET=interpret, **meta, **options)
     return w, u, qd, kd, aqk

@@ -4,6 +4,8 @@
 
 one program per (BV columns of V, chunk, head), so the grid has V/BV x chunks x H programs however few sequences
 and heads there are (the serial stage has N x H x V/BV). The K reduction runs in slices of BK loaded from memory.
+For 16-bit inputs Qd, h, U' and A_qk are bf16 and the dots take them as bf16 operands (fp32 accumulation); fp32
+inputs keep fp32 operands (tf32x3).
 """
 
 import torch
@@ -11,7 +13,7 @@ import triton
 import triton.language as tl
 from spark_bench.kernels.common import widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
-from spark_bench.kernels.kda.chunk_prep import to_output_dtype
+from spark_bench.kernels.kda.chunk_prep import dot_operand, to_output_dtype
 from spark_bench.kernels.kda.chunk_state import tile
 
 CONFIGS = declare(ConfigSpace(
@@ -25,7 +27,7 @@ CONFIGS = declare(ConfigSpace(
 @triton.jit
 def _chunk_output(qd, h, u, aqk, chunk_start, chunk_end, o, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                  INTERPRET: tl.constexpr):
+                  DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
     i_v = tl.program_id(0)
     i_c = tl.program_id(1).to(tl.int64)
     i_h = tl.program_id(2)
@@ -38,22 +40,25 @@ def _chunk_output(qd, h, u, aqk, chunk_start, chunk_end, o, H: tl.constexpr, K: 
     m_t = rows < end
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
-    a = tile(aqk, rows, m_t, i_h, o_t, o_t < BT, H, BT)
-    acc = tl.dot(tl.where(o_t[:, None] >= o_t[None, :], a, 0.0), tile(u, rows, m_t, i_h, o_v, m_v, H, V),
-                 input_precision=PREC)
+    a = tl.where(o_t[:, None] >= o_t[None, :], tile(aqk, rows, m_t, i_h, o_t, o_t < BT, H, BT), 0.0)
+    b_u = tile(u, rows, m_t, i_h, o_v, m_v, H, V)
+    acc = tl.dot(dot_operand(a, DOT_BF16, INTERPRET), dot_operand(b_u, DOT_BF16, INTERPRET), input_precision=PREC)
     matrix = i_c * H + i_h
     for k0 in tl.range(0, K, BK):
         o_k = k0 + tl.arange(0, BK)
         m_k = o_k < K
         b_h = tl.load(h + (matrix * K + o_k[:, None]) * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :],
-                      other=0.0).to(tl.float32)
-        acc = tl.dot(tile(qd, rows, m_t, i_h, o_k, m_k, H, K), b_h, acc, input_precision=PREC)
+                      other=0.0)
+        b_q = tile(qd, rows, m_t, i_h, o_k, m_k, H, K)
+        acc = tl.dot(dot_operand(b_q, DOT_BF16, INTERPRET), dot_operand(b_h, DOT_BF16, INTERPRET), acc,
+                     input_precision=PREC)
     tl.store(o + (rows[:, None] * H + i_h) * V + o_v[None, :], to_output_dtype(acc, o, INTERPRET),
              mask=m_t[:, None] & m_v[None, :])
 
 
 def chunk_output(qd, h, u, aqk, chunk_start, chunk_end, n_chunks, *, out_dtype, prec, interpret):
-    """Qd [T, H, K], h [n_chunks, H, K, V], U' [T, H, V], A_qk [T, H, BT] -> o [T, H, V] in out_dtype."""
+    """Qd [T, H, K], h [n_chunks, H, K, V], U' [T, H, V], A_qk [T, H, BT] (bf16, or fp32 for fp32 inputs) -> o
+    [T, H, V] in out_dtype."""
     T, H, K = qd.shape
     V = u.shape[-1]
     BT = aqk.shape[-1]
@@ -66,6 +71,7 @@ def chunk_output(qd, h, u, aqk, chunk_start, chunk_end, n_chunks, *, out_dtype, 
     if prec == "ieee" and not interpret:
         prec = "tf32x3"
     _chunk_output[(triton.cdiv(V, meta["BV"]), n_chunks, H)](
-        qd, h, u, aqk, chunk_start, chunk_end, o, H=H, K=K, V=V, BT=BT, PREC=prec, INTERPRET=interpret,
+        qd, h, u, aqk, chunk_start, chunk_end, o, H=H, K=K, V=V, BT=BT, PREC=prec,
+        DOT_BF16=qd.dtype == torch.bfloat16, INTERPRET=interpret,
         **meta, **options)
     return o

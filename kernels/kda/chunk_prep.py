@@ -8,7 +8,7 @@ g is the log-space decay, or with GATE the raw gate: -exp(A_log[h]) * softplus(g
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import softplus, widen
+from spark_bench.kernels.common import round_bf16, softplus, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 
 # The cumsum runs along the tokens, so channels split freely: grid (chunks, H, K/BK). BK = K = 128 at 4 warps is
@@ -45,6 +45,21 @@ def to_output_dtype(x, out, INTERPRET: tl.constexpr):
             bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
             x = bits.to(tl.float32, bitcast=True)
     return x.to(out.dtype.element_ty)
+
+
+@triton.jit
+def dot_operand(x, DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
+    """x as a tl.dot operand: bf16 when DOT_BF16 (fp32 accumulation stays the caller's), else fp32. Under the
+    interpreter, whose bf16 dot is broken, it is rounded to the nearest bf16 and kept fp32, so tests see the GPU's
+    operand rounding."""
+    if DOT_BF16:
+        if INTERPRET:
+            x = round_bf16(x.to(tl.float32), True)
+        else:
+            x = x.to(tl.bfloat16)
+    else:
+        x = x.to(tl.float32)
+    return x
 
 
 @triton.jit

@@ -6,8 +6,11 @@ values, then steps:
 
 The output O = Qd h[c] + Tril(A_qk) U' is chunk-parallel (chunk_output.py), as in fla's chunk_delta_h + chunk_o
 split: the serial pass carries only 2 dots per state tile, so it stays in registers on the fp32 path too.
-S is held as two register tiles of BKT = K/2 rows (fla keeps up to four 64-row tiles). Dot operands fp32: tf32
-for 16-bit inputs, tf32x3 (fp32-accurate on tensor cores; IEEE dots run on CUDA cores and spill) for fp32.
+S is held as two register tiles of BKT = K/2 rows (fla keeps up to four 64-row tiles). For 16-bit inputs W, U, Kd,
+U' and h are bf16 and the dots take bf16 operands (S rounded to bf16 as an operand only, fp32 accumulation), as
+fla's chunk_delta_h: a step moves [64, K] x 2 + [64, BV] x 2 bf16 tiles. fp32 inputs keep fp32 intermediates and
+tf32x3 dots (fp32-accurate on tensor cores; IEEE dots run on CUDA cores and spill). The chunk loop's pipeline
+depth is the declared num_stages (1: the next chunk's tiles are not prefetched; 2 fits in shared memory for bf16).
 """
 
 import torch
@@ -15,7 +18,7 @@ import triton
 import triton.language as tl
 from spark_bench.kernels.common import widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
-from spark_bench.kernels.kda.chunk_prep import to_output_dtype
+from spark_bench.kernels.kda.chunk_prep import dot_operand, to_output_dtype
 
 CONFIGS = declare(ConfigSpace(
     "kda.chunk_state._chunk_state", key=("K", "V", "dtype"),
@@ -32,13 +35,22 @@ def tile(ptr, rows, m_rows, i_h, o_c, m_c, H: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _state_step(S, k0, w, kd, g_last, rows, m_t, i_h, b_u, H: tl.constexpr, K: tl.constexpr, BKT: tl.constexpr,
-                PREC: tl.constexpr):
-    """exp(G_last) S_tile + Kd[rows, k0:k0+BKT]^T U' for the state tile of K rows k0 .. k0+BKT."""
+def _state_step(S, k0, kd, g_last, rows, m_t, i_h, b_u, H: tl.constexpr, K: tl.constexpr, BKT: tl.constexpr,
+                PREC: tl.constexpr, DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
+    """exp(G_last) S_tile + Kd[rows, k0:k0+BKT]^T U' for the state tile of K rows k0 .. k0+BKT (b_u: the operand)."""
     o_k = k0 + tl.arange(0, BKT)
     decay = tl.exp(tl.load(g_last + o_k, mask=o_k < K, other=0.0))
-    kd_t = tl.trans(tile(kd, rows, m_t, i_h, o_k, o_k < K, H, K))
+    kd_t = dot_operand(tl.trans(tile(kd, rows, m_t, i_h, o_k, o_k < K, H, K)), DOT_BF16, INTERPRET)
     return tl.dot(kd_t, b_u, S * decay[:, None], input_precision=PREC)
+
+
+@triton.jit
+def _w_times_state(w, S, k0, rows, m_t, i_h, acc, H: tl.constexpr, K: tl.constexpr, BKT: tl.constexpr,
+                   PREC: tl.constexpr, DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + W[rows, k0:k0+BKT] S_tile (S rounded to the operand type)."""
+    o_k = k0 + tl.arange(0, BKT)
+    w_t = dot_operand(tile(w, rows, m_t, i_h, o_k, o_k < K, H, K), DOT_BF16, INTERPRET)
+    return tl.dot(w_t, dot_operand(S, DOT_BF16, INTERPRET), acc, input_precision=PREC)
 
 
 @triton.jit
@@ -65,7 +77,7 @@ def _store_state(ptr, S, matrix, k0, o_v, K: tl.constexpr, V: tl.constexpr, BKT:
 def _chunk_state(w, u, kd, gcum, cu_seqlens, chunk_first, h0, h, ht,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BKT: tl.constexpr,
                  BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
-                 INTERPRET: tl.constexpr):
+                 DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
     i_n = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
     i_v = tl.program_id(2)
@@ -90,13 +102,15 @@ def _chunk_state(w, u, kd, gcum, cu_seqlens, chunk_first, h0, h, ht,
         chunk = (first + (c0 - bos) // BT) * H + i_h  # h[chunk, head]
         _store_state(h, S1, chunk, 0, o_v, K, V, BKT, INTERPRET)
         _store_state(h, S2, chunk, BKT, o_v, K, V, BKT, INTERPRET)
-        ws = tl.dot(tile(w, rows, m_t, i_h, o_k1, o_k1 < K, H, K), S1, input_precision=PREC)
-        ws = tl.dot(tile(w, rows, m_t, i_h, o_k2, o_k2 < K, H, K), S2, ws, input_precision=PREC)
-        b_u = tile(u, rows, m_t, i_h, o_v, m_v, H, V) - ws
+        ws = _w_times_state(w, S1, 0, rows, m_t, i_h, tl.zeros([BT, BV], dtype=tl.float32), H, K, BKT, PREC,
+                            DOT_BF16, INTERPRET)
+        ws = _w_times_state(w, S2, BKT, rows, m_t, i_h, ws, H, K, BKT, PREC, DOT_BF16, INTERPRET)
+        b_u = to_output_dtype(tile(u, rows, m_t, i_h, o_v, m_v, H, V).to(tl.float32) - ws, u, INTERPRET)
         tl.store(u + (rows[:, None] * H + i_h) * V + o_v[None, :], b_u, mask=m_t[:, None] & m_v[None, :])
+        b_u = dot_operand(b_u, DOT_BF16, INTERPRET)
         g_last = gcum + (tl.minimum(c0 + BT, eos) - 1) * H * K + i_h * K
-        S1 = _state_step(S1, 0, w, kd, g_last, rows, m_t, i_h, b_u, H, K, BKT, PREC)
-        S2 = _state_step(S2, BKT, w, kd, g_last, rows, m_t, i_h, b_u, H, K, BKT, PREC)
+        S1 = _state_step(S1, 0, kd, g_last, rows, m_t, i_h, b_u, H, K, BKT, PREC, DOT_BF16, INTERPRET)
+        S2 = _state_step(S2, BKT, kd, g_last, rows, m_t, i_h, b_u, H, K, BKT, PREC, DOT_BF16, INTERPRET)
     if STORE_HT:
         _store_state(ht, S1, state, 0, o_v, K, V, BKT, INTERPRET)
         _store_state(ht, S2, state, BKT, o_v, K, V, BKT, INTERPRET)
@@ -104,8 +118,8 @@ def _chunk_state(w, u, kd, gcum, cu_seqlens, chunk_first, h0, h, ht,
 
 def chunk_state(w, u, kd, gcum, cu_seqlens, chunk_first, n_chunks, *, BT, initial_state, output_final_state, h_dtype,
                 prec, interpret):
-    """Stage-1 outputs [T, H, *] -> h [n_chunks, H, K, V] (h_dtype: the state each chunk starts from) and the final
-    state [N, H, K, V] fp32 (or None); u becomes U' in place."""
+    """Stage-1 outputs [T, H, *] (bf16 or fp32) -> h [n_chunks, H, K, V] (h_dtype: the state each chunk starts from)
+    and the final state [N, H, K, V] fp32 (or None); u becomes U' in place."""
     T, H, K = w.shape
     V = u.shape[-1]
     N = cu_seqlens.numel() - 1
@@ -121,6 +135,7 @@ def chunk_state(w, u, kd, gcum, cu_seqlens, chunk_first, n_chunks, *, BT, initia
     _chunk_state[(N, H, triton.cdiv(V, meta["BV"]))](
         w, u, kd, gcum, cu_seqlens, chunk_first, h0, h, ht if ht is not None else h,
         H=H, K=K, V=V, BT=BT, BKT=max(16, triton.next_power_of_2(K) // 2),
-        HAS_H0=initial_state is not None, STORE_HT=output_final_state, PREC=prec, INTERPRET=interpret,
+        HAS_H0=initial_state is not None, STORE_HT=output_final_state, PREC=prec, DOT_BF16=w.dtype == torch.bfloat16,
+        INTERPRET=interpret,
         **meta, **options)
     return h, ht
