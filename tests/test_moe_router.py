@@ -125,3 +125,31 @@ def test_quick_points_respect_group_constraints():
     assert OP.invalid_reason(params(1, experts=16, groups=4, topk_groups=4)) is not None
     assert OP.invalid_reason(params(1, experts=16, topk=9, groups=4, topk_groups=2)) is not None
     assert OP.points(preset="deepseek-v3")[0]["groups"] == 8
+
+
+@pytest.mark.parametrize("path, ticket, sms", [("rows", 1, 1), ("split", 1, 1), ("split", 1, 64), ("split", 0, 64)])
+@pytest.mark.parametrize("seed, tokens, hidden, experts, topk, groups, topk_groups", [
+    (0, 1, 600, 130, 8, 1, 1), (1, 37, 72, 24, 1, 1, 1), (2, 70, 600, 96, 8, 8, 3), (3, 19, 40, 20, 4, 4, 2)])
+def test_router_paths_match_the_loop(monkeypatch, path, ticket, sms, seed, tokens, hidden, experts, topk, groups,
+                                     topk_groups):
+    """Each path of kernels/moe/router.py: whole-row programs with the selection in the epilogue, split-D logits
+    whose last program per row block selects (ticket; with 64 SMs, D = 600 splits into 3 slices and E = 130 into 3
+    expert tiles, so 9 programs share a ticket), and the two-launch fallback; odd T, E not a power of two."""
+    from spark_bench.kernels.moe import router as kernel
+    from spark_bench.tune.space import applied
+
+    from spark_bench import triton_env
+
+    monkeypatch.setattr(triton_env, "sm_count", lambda device: sms)
+    p = params(tokens, hidden=hidden, experts=experts, topk=topk, groups=groups, topk_groups=topk_groups)
+    inputs = OP.make_inputs(p, seed=seed)
+    forced = {"moe.router._router_logits": {**kernel.LOGITS_CONFIGS.default, "TICKET": ticket}}
+    for _ in range(2):  # the second call finds the tickets reset by the first
+        with applied(forced):
+            w, ids = kernel.route(inputs["x"], inputs["gate_w"], inputs["gate_bias"], topk, groups, topk_groups,
+                                  2.5, path=path)
+        check = check_outputs(OP, (w, ids), OP.reference(**inputs), inputs, "bf16")
+        assert check["ok"] and check["mismatched_tokens"] == 0, check["message"]
+        assert_same_routing((w, ids), loop_router(inputs["x"], inputs["gate_w"], inputs["gate_bias"], topk, groups,
+                                                  topk_groups, 2.5))
+    assert int(kernel.tickets(inputs["x"].device, 1).abs().sum()) == 0

@@ -188,7 +188,8 @@ op = Op(
 
 @op.backend("triton", probe=probes.triton_kernel, labels=probes.triton_labels)
 def triton_router(x, gate_w, gate_bias, gate_bias_host, topk, groups, topk_groups, routed_scaling_factor):
-    """Ours: kernels/moe/router.py (split-D fp32 logits, then a fused selection kernel)."""
+    """Ours: kernels/moe/router.py, one launch: whole-row programs with the selection in the epilogue at prefill,
+    split-D fp32 logits whose last program per row block selects (atomic ticket) at decode."""
     from spark_bench.kernels.moe.router import route
 
     return route(x, gate_w, gate_bias, topk, groups, topk_groups, routed_scaling_factor)
