@@ -1,15 +1,18 @@
-"""moe.experts_gguf: our dequant-in-kernel experts (both paths), the torch backend and the fp32 reference, checked
-against each other and against a naive fp64 token-by-slot loop on gguf's own dequantized weights."""
+"""moe.experts_gguf: our experts (decode GEMVs on the blocks, fused grouped, dequantize-once prefill), the torch
+backend and the fp32 reference, checked against each other and against a naive fp64 token-by-slot loop on gguf's own
+dequantized weights (the oracle)."""
 
 import pytest
 import torch
-from spark_bench.kernels.moe.experts_gguf import experts_gguf
+from spark_bench.kernels.moe.experts_gguf import experts_gguf, prefill_path
+from spark_bench.kernels.moe.experts_gguf_decode import down_split
 from spark_bench.plugins.moe import experts_gguf as mod
 from spark_bench.plugins.moe.common import experts_hit_uniform
 from spark_bench.plugins.quant import kquants
 
 from spark_bench import get_op
 from spark_bench.check import check_outputs, poisoned_allocations
+from spark_bench.tune.space import applied
 
 OP = get_op("moe.experts_gguf")
 SMALL = {"hidden": 256, "inter": 256, "experts": 8, "topk": 2, "routing": "uniform"}
@@ -148,8 +151,52 @@ def test_decode_split_over_inter_and_hidden(seed, tokens, experts, topk, hidden,
 
 
 def test_decode_down_split_reaches_the_cta_target():
-    from spark_bench.kernels.moe.experts_gguf import down_split
-
     assert down_split(8, 2304, 4, 16, 1024) == 1  # Kimi-Linear T = 1: 8 x 144 programs
     assert down_split(1, 2304, 4, 16, 1024) == 4  # shared expert: every super-block its own slice (576)
     assert down_split(1, 2304, 6, 16, 300) == 3  # a divisor of the 6 super-blocks
+
+
+def nmse(out, want):
+    return float(((out.double() - want) ** 2).mean() / (want**2).mean())
+
+
+@pytest.mark.parametrize("path, tokens, experts, topk, routing, seed, rows", [
+    ("decode", 1, 9, 8, "uniform", 30, None),  # top-8 of 9 experts, T = 1
+    ("decode", 1, 9, 8, "uniform", 31, 64),  # the GPU layout at T = 1: a program's rows within one pair
+    ("decode", 7, 5, 1, "zipf", 32, None),  # odd T, E = 5, top-1, skewed
+    ("decode", 3, 6, 2, "worst", 33, 64),  # every token on the same two experts
+    ("dequant", 1, 8, 2, "uniform", 34, None),  # 6 idle experts: their scratch is never written nor read
+    ("dequant", 9, 5, 1, "zipf", 35, None),
+    ("dequant", 5, 9, 8, "uniform", 36, None),
+    ("dequant", 17, 6, 2, "worst", 37, None),
+    ("grouped", 9, 9, 8, "zipf", 38, None)])
+def test_paths_on_odd_shapes_against_the_gguf_oracle(path, tokens, experts, topk, routing, seed, rows):
+    """Odd T, E not a power of two, top-k 1 and 8, skewed and uniform routing; Q3_K blocks carry negative scales
+    (l - 32 < 0) and d of both signs. NMSE against the fp64 loop on gguf's dequantization <= 5e-4 (llama.cpp's bound
+    where activations are quantized; ours keeps them in bf16 / fp32), and the op's check."""
+    inputs = make(tokens, seed, experts=experts, topk=topk, routing=routing)
+    scales = inputs["w2_q"].view(-1, 110)[:, 96:108]
+    assert ((scales[:, :8] & 15) < 8).any()  # some l_j - 32 < 0 (low bits; high bits random too)
+    out = run(inputs, path=path, rows_per_program=rows) if path == "decode" else run(inputs, path=path)
+    want = naive(**inputs)
+    assert nmse(out, want) <= 5e-4
+    check(out, inputs)
+
+
+def test_decode_error_is_bf16_rounding_only():
+    """No activation quantization on the decode path: its error against the oracle is the bf16 output's."""
+    inputs = make(2, seed=40, experts=8, topk=8)
+    want = naive(**inputs)
+    out = run(inputs, path="decode")
+    assert nmse(out, want) <= 4 * nmse(want.to(torch.bfloat16), want) + 1e-7
+
+
+def test_prefill_threshold_is_a_declared_parameter():
+    """path auto: decode up to DECODE_MAX_TOKENS, then fused grouped below the declared mean load per expert and
+    dequantize-once from it; forcing the parameter (as tune does) moves the switch."""
+    D = I = 256
+    assert prefill_path(16384, 8, 256, D, I) == "dequant" and prefill_path(64, 8, 256, D, I) == "grouped"
+    with applied({"moe.experts_gguf.prefill": {"DEQUANT_MIN_LOAD": 4}}):
+        assert prefill_path(16, 2, 8, D, I) == "dequant" and prefill_path(15, 2, 8, D, I) == "grouped"
+        inputs = make(16, seed=41)
+        check(run(inputs), inputs)  # auto -> dequant

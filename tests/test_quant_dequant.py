@@ -8,7 +8,7 @@ from spark_bench.kernels.quant.dequant import dequantize as triton_dequantize
 from spark_bench.plugins.quant import kquants
 
 from spark_bench import get_op
-from spark_bench.check import check_outputs
+from spark_bench.check import check_outputs, poisoned_allocations
 
 OP = get_op("quant.dequant")
 FORMATS = ["q2_k", "q3_k"]
@@ -64,6 +64,22 @@ def test_bit_exact_on_random_bytes(fmt, seed):
     for dtype in (torch.float32, torch.bfloat16):
         for name, got in all_dequantizers(raw, fmt, dtype).items():
             assert torch.equal(got, want.to(dtype)), f"{name} {dtype}: {(got.float() - want).abs().max()}"
+
+
+@pytest.mark.parametrize("fmt, rows", [("q2_k", 48), ("q3_k", 40)])
+def test_expert_stack_writes_only_the_hit_experts(fmt, rows):
+    """dequantize(raw [E, rows, bytes], hit=flags): flagged experts bit-exact with the oracle (bf16: rounded once),
+    the others never written (NaN under poisoned allocations); rows not a power of two per expert."""
+    E, cols = 5, 512
+    raw = kquants.random_blocks(fmt, (E, rows), cols, torch.Generator().manual_seed(5))
+    hit = torch.tensor([0, 1, 0, 0, 1], dtype=torch.int32)
+    with poisoned_allocations():
+        got = triton_dequantize(raw, fmt, torch.bfloat16, hit=hit)
+    want = oracle(raw.reshape(E * rows, -1), fmt).view(E, rows, cols).to(torch.bfloat16)
+    assert torch.equal(got[hit.bool()], want[hit.bool()])
+    assert got[~hit.bool()].isnan().all()
+    with pytest.raises(ValueError):
+        triton_dequantize(raw, fmt, hit=hit[:3])
 
 
 def test_q3k_hmask_sense_is_inverted():

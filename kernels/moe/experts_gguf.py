@@ -1,28 +1,32 @@
-"""Fused routed experts with GGUF weights dequantized in registers: w1|w3 in Q2_K, w2 in Q3_K (no bf16 copy).
+"""Routed experts (SwiGLU) with GGUF weights: w1|w3 in Q2_K, w2 in Q3_K.
 
     y[t] = sum_k w[t, k] * (silu(x[t] @ w1[e].T) * (x[t] @ w3[e].T)) @ w2[e].T,   e = topk_ids[t, k]
 
 w13 [E, 2I, D/256*84] uint8 (gate rows 0..I-1, up rows I..2I-1), w2 [E, D, I/256*110] uint8; I and D multiples
-of 256. Two paths (the SwiGLU intermediate h [T*K, I] goes through memory):
-  decode   (few tokens) programs over the flattened (token-slot pair, I row) outputs, then over (pair, slice of I,
-           D row) with fp32 partials, which _sum_slots (kernels/moe/slots.py) adds per token in a fixed order: so
-           T = 1 launches K*S*D/BR down programs (>= 1,024 at Kimi-Linear sizes) instead of D/BR with a serial loop
-           over the K slots, deterministically. Matrix-vector products on CUDA cores, so a single token never pads a
-           16-row tensor-core tile; a program's BR rows share one pair (x or h row loaded once).
-  grouped  (prefill) pairs aligned by expert (kernels/moe/align.py, vLLM's moe_align_block_size format), BM-row
-           tiles through tl.dot against dequantized bf16 weight tiles; per-pair outputs weighted in the epilogue,
-           then summed over the K slots by _sum_slots.
-Weights are dequantized 32 at a time (kernels/quant/kquants.py): per-row d/dmin once per super-block, then
-contiguous code loads with compile-time offsets.
+of 256. Three paths, chosen by the wrapper from the token count and the mean pairs per expert:
+  decode   (T <= DECODE_MAX_TOKENS) GEMVs on the blocks, integer codes against the activation with the sub-block
+           scales factored out (kernels/moe/experts_gguf_decode.py).
+  grouped  (fused prefill, light load) pairs aligned by expert (kernels/moe/align.py, vLLM's moe_align_block_size
+           format), BM-row tiles through tl.dot against weight tiles dequantized in registers, 32 weights at a time
+           (kernels/quant/kquants.py); per-pair outputs weighted in the epilogue, summed over K by _sum_slots. Every
+           tile re-dequantizes its expert's weights: right while few tiles share an expert.
+  dequant  (heavy load: mean pairs per expert >= DEQUANT_MIN_LOAD, declared in PREFILL_CONFIGS) the hit experts
+           dequantized once into a bf16 scratch (kernels/quant/dequant.py, unhit experts skipped on the device), then
+           the bf16 grouped GEMMs of kernels/moe/experts.py (fused_experts, path grouped): tensor cores at bf16 rate,
+           the dequantization paid once per weight instead of once per tile. Scratch: E*3*I*D bf16 (Kimi-Linear
+           3.6 GB, DeepSeek-V3 22.5 GB at TP1).
 """
 
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET, next_pow2
+from spark_bench.kernels.common import INTERPRET
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.moe.align import moe_align
+from spark_bench.kernels.moe.experts import fused_experts
+from spark_bench.kernels.moe.experts_gguf_decode import decode
 from spark_bench.kernels.moe.slots import sum_slots
+from spark_bench.kernels.quant.dequant import dequantize
 from spark_bench.kernels.quant.kquants import CHUNK, aligned, block_ptr, block_scales, dequant_chunk
 
 # The grouped (prefill) kernels: BN columns per tile (BM, rows per tile, follows the routing load). 8 warps at every
@@ -36,125 +40,27 @@ BLOCK_M_CONFIGS = declare(ConfigSpace(
     "moe.experts_gguf.block_m", key=("load",), default={"BM": 64},
     buckets=[({"load": 23}, {"BM": 16}), ({"load": 95}, {"BM": 32})], candidates=[{"BM": 128}],
     doc="BM of both grouped kernels (and the alignment); load = mean pairs per expert"))
-# Decode: BR output rows per program (a program's rows share one pair when BR divides I / D). BR = 8 gives
-# T*K*I/8 = 1024 up programs at T = 1 (Kimi-Linear); the down projection is one program row set per (pair, slice
-# of I, BR rows of D) with fp32 partials, S slices chosen so the grid reaches MIN_CTAS. With few pairs (the shared
-# expert) gate/up split D too, as fp32 partials that the down kernel sums and activates as it loads h.
-DECODE_UP_CONFIGS = declare(ConfigSpace(
-    "moe.experts_gguf._decode_up", key=("P", "D", "I"), default={"BR": 8, "MIN_CTAS": 1024, "num_warps": 4},
-    candidates=[{"BR": 16, "MIN_CTAS": 1024, "num_warps": 4}, {"BR": 8, "MIN_CTAS": 1024, "num_warps": 2},
-                {"BR": 8, "MIN_CTAS": 384, "num_warps": 4}],  # fewer D slices: less partial traffic for the down
-    doc="BR (gate, up) row pairs per program, D split in super-block slices until MIN_CTAS; P = T*K pairs"))
-DECODE_DOWN_CONFIGS = declare(ConfigSpace(
-    "moe.experts_gguf._decode_down", key=("P", "D", "I"), default={"BR": 16, "MIN_CTAS": 1024, "num_warps": 4},
-    buckets=[({"P": 2}, {"BR": 8, "MIN_CTAS": 1024, "num_warps": 4})],  # shared expert: I has only I/256 slices
-    candidates=[{"BR": 8, "MIN_CTAS": 1024, "num_warps": 4}, {"BR": 16, "MIN_CTAS": 2048, "num_warps": 4}],
-    doc="BR rows of D per program; I split into S super-block slices until the grid has MIN_CTAS programs"))
-
+# Prefill: dequantize-once above this mean load (pairs per expert, T*K // E), the fused grouped path below. The
+# fused path re-dequantizes an expert's 3*I*D weights (~8 ALU ops each) once per BM-row tile, ceil(load / BM) times;
+# dequant-once spends the same ALU once plus ~5 B per weight of bf16 write and re-read, and runs the GEMMs at bf16
+# tensor-core rate. By a model of H200 rates (kernel-review.md section 4 item 4) they cross near one full 64-row
+# tile per expert (Kimi-Linear T ~ 2k); not measured: tune times the candidates (triton forces neither path).
+PREFILL_CONFIGS = declare(ConfigSpace(
+    "moe.experts_gguf.prefill", key=("D", "I"), default={"DEQUANT_MIN_LOAD": 64},
+    candidates=[{"DEQUANT_MIN_LOAD": 16}, {"DEQUANT_MIN_LOAD": 256}, {"DEQUANT_MIN_LOAD": 1 << 30}],
+    doc="mean pairs per expert from which the prefill dequantizes the hit experts into a bf16 scratch and runs the "
+        "bf16 grouped GEMMs (below: the fused dequant-in-register grouped path)"))
 Q2K_BYTES, Q3K_BYTES = 84, 110
-# auto: the decode path up to this many tokens. Both paths spend ~8 ALU ops per dequantized weight, the decode path
-# once per (token, slot), the grouped one once per 16..64-row tile, plus 4 extra launches (align, sum): by a model
-# of H200 rates they cross near 8 tokens for E/K = 32 (not yet measured; triton_decode / triton_grouped force one).
+# auto: the decode path up to this many tokens. The decode path reads each weight once per (token, slot) at ~3-5 ALU
+# ops per weight (integer codes, factored scales); the grouped one dequantizes it once per 16..64-row tile (~8 ops)
+# plus 4 extra launches (align, sum): by a model of H200 rates they cross near 8 tokens for E/K = 32 (not yet
+# measured; triton_decode / triton_grouped force one).
 DECODE_MAX_TOKENS = 8
 
 
 @triton.jit
 def _silu_mul(gate, up):
     return gate / (1.0 + tl.exp(-gate)) * up
-
-
-@triton.jit
-def _flat_rows(LEN, ROWS, BR: tl.constexpr, SHARED: tl.constexpr):
-    """This program's BR rows r of a flattened [N, LEN] output (r = i * LEN + j): (r, valid, i, j), i and j as
-    [BR, 1]. SHARED (BR divides LEN): every row has the same i, returned as a scalar."""
-    r0 = tl.program_id(0).to(tl.int64) * BR
-    r = r0 + tl.arange(0, BR)
-    if SHARED:
-        i = r0 // LEN
-    else:
-        i = (r // LEN)[:, None]
-    return r, r < ROWS, i, (r % LEN)[:, None]
-
-
-@triton.jit
-def _row_load(ptr, okc, SHARED: tl.constexpr):
-    """Load per-pair / per-token data: unmasked when the program's rows share it (then all are valid)."""
-    if SHARED:
-        v = tl.load(ptr)
-    else:
-        v = tl.load(ptr, mask=okc, other=0)
-    return v
-
-
-@triton.jit
-def _decode_up(x, ids, w13, h, P, S1, K, D, I, rb13, NB_SPLIT, BR: tl.constexpr, SHARED: tl.constexpr,
-               PARTS: tl.constexpr):
-    """h[p, n] = silu(x[t] . w1[e, n]) * (x[t] . w3[e, n]) for pair p = t*K + k, e = ids[p]; rows (p*S1 + s, n)
-    flattened, fp32 h. PARTS (S1 > 1 slices of NB_SPLIT super-blocks of D): the gate and up dots of slice s go out
-    as partials h[p*S1 + s] = [gate | up] ([P*S1, 2I]), finished by _decode_down."""
-    r, ok, ps, n = _flat_rows(I, P * S1 * I, BR, SHARED)
-    okc = ok[:, None]
-    p = ps // S1
-    b0 = ps % S1 * NB_SPLIT
-    e = _row_load(ids + p, okc, SHARED).to(tl.int64)
-    gate_rows = w13 + (e * 2 * I + n) * rb13
-    up_rows = gate_rows + I * rb13
-    x_row = x + (p // K) * D + tl.arange(0, CHUNK)[None, :]
-    acc_g = tl.zeros([BR, CHUNK], dtype=tl.float32)
-    acc_u = tl.zeros([BR, CHUNK], dtype=tl.float32)
-    for j in range(0, NB_SPLIT):
-        g_blk = block_ptr(gate_rows, b0 + j, False)
-        u_blk = block_ptr(up_rows, b0 + j, False)
-        dg, mg = block_scales(g_blk, okc, False)
-        du, mu = block_scales(u_blk, okc, False)
-        for c in range(0, 256, CHUNK):
-            xk = _row_load(x_row + (b0 + j) * 256 + c, okc, SHARED).to(tl.float32)
-            acc_g += dequant_chunk(g_blk, okc, dg, mg, c, False) * xk
-            acc_u += dequant_chunk(u_blk, okc, du, mu, c, False) * xk
-    if PARTS:
-        row = h + (ps * 2 * I + n)
-        tl.store(row, tl.sum(acc_g, axis=1)[:, None], mask=okc)
-        tl.store(row + I, tl.sum(acc_u, axis=1)[:, None], mask=okc)
-    else:
-        tl.store(h + r, _silu_mul(tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)), mask=ok)
-
-
-@triton.jit
-def _h_chunk(h, p, off, okc, I, S1, SHARED: tl.constexpr, PARTS: tl.constexpr):
-    """h[p, off] (fp32): loaded, or (PARTS) SwiGLU of its S1 gate / up partials summed in order."""
-    if PARTS:
-        g = tl.zeros(off.shape, dtype=tl.float32)
-        u = tl.zeros(off.shape, dtype=tl.float32)
-        for s in range(S1):
-            row = h + (p * S1 + s) * 2 * I + off
-            g += _row_load(row, okc, SHARED)
-            u += _row_load(row + I, okc, SHARED)
-        hk = _silu_mul(g, u)
-    else:
-        hk = _row_load(h + p * I + off, okc, SHARED)
-    return hk
-
-
-@triton.jit
-def _decode_down(h, ids, weights, w2, part, P, S, S1, D, I, rb2, NB_SPLIT, BR: tl.constexpr, SHARED: tl.constexpr,
-                 PARTS: tl.constexpr):
-    """part[p*S + s, n] = weights[p] * (h[p] . w2[e, n]) over super-blocks s*NB_SPLIT .. (s+1)*NB_SPLIT - 1 of I
-    (S * NB_SPLIT = I / 256); rows (p*S + s, n) flattened, fp32 partials (summed per token by _sum_slots)."""
-    r, ok, ps, n = _flat_rows(D, P * S * D, BR, SHARED)
-    okc = ok[:, None]
-    p = ps // S
-    b0 = ps % S * NB_SPLIT
-    e = _row_load(ids + p, okc, SHARED).to(tl.int64)
-    rows = w2 + (e * D + n) * rb2
-    acc = tl.zeros([BR, CHUNK], dtype=tl.float32)
-    for j in range(0, NB_SPLIT):
-        blk = block_ptr(rows, b0 + j, True)
-        d, dmin = block_scales(blk, okc, True)
-        for c in range(0, 256, CHUNK):
-            hk = _h_chunk(h, p, (b0 + j) * 256 + c + tl.arange(0, CHUNK)[None, :], okc, I, S1, SHARED, PARTS)
-            acc += dequant_chunk(blk, okc, d, dmin, c, True) * hk
-    out = tl.sum(acc * _row_load(weights + p, okc, SHARED), axis=1)
-    tl.store(part + r, out, mask=ok)
 
 
 @triton.jit
@@ -235,34 +141,6 @@ def _check(x, topk_ids, topk_weights, w13, w2):
     return T, D, E, I, topk_ids.shape[1]
 
 
-def down_split(P: int, D: int, NB: int, BR: int, min_ctas: int) -> int:
-    """S: the smallest divisor of the NB super-blocks (of I for the down projection, of D for gate/up) giving
-    P*S*D/BR >= min_ctas programs (D: the output rows per pair), else NB."""
-    return next((s for s in range(1, NB + 1) if NB % s == 0 and P * s * triton.cdiv(D, BR) >= min_ctas), NB)
-
-
-def _decode(x, ids, weights, w13, w2, T, D, I, K, rows_per_program=None, split_i=None, split_d=None):
-    """rows_per_program: BR (8-16 on the GPU: every program within one pair, its x or h row a broadcast vector;
-    large under the interpreter, many pairs per program). split_i / split_d: force S / S1, the slices of I of the
-    down projection and of D of gate/up (divisors of I / 256, D / 256; under the interpreter D is not split unless
-    forced)."""
-    P = T * K
-    meta, options = split(DECODE_UP_CONFIGS.pick(P=P, D=D, I=I))
-    BR = rows_per_program or (min(next_pow2(P * I), 4096) if INTERPRET else meta["BR"])
-    S1 = split_d or (1 if INTERPRET else down_split(P, I, D // 256, BR, meta["MIN_CTAS"]))
-    parts = S1 > 1
-    h = torch.empty((P * S1, 2 * I) if parts else (P, I), dtype=torch.float32, device=x.device)
-    _decode_up[(triton.cdiv(P * S1 * I, BR),)](x, ids, w13, h, P, S1, K, D, I, w13.shape[2], D // 256 // S1, BR=BR,
-                                               SHARED=I % BR == 0, PARTS=parts, **options)
-    meta, options = split(DECODE_DOWN_CONFIGS.pick(P=P, D=D, I=I))
-    BR = rows_per_program or (min(next_pow2(P * D), 4096) if INTERPRET else meta["BR"])
-    S = split_i or down_split(P, D, I // 256, BR, meta["MIN_CTAS"])
-    part = torch.empty((P * S, D), dtype=torch.float32, device=x.device)
-    _decode_down[(triton.cdiv(P * S * D, BR),)](h, ids, weights, w2, part, P, S, S1, D, I, w2.shape[2],
-                                                I // 256 // S, BR=BR, SHARED=D % BR == 0, PARTS=parts, **options)
-    return sum_slots(part, T, x.dtype)
-
-
 def _block_m(pairs: int, experts: int) -> int:
     """Rows per tile from the mean pairs per expert (padding waste vs weight re-reads)."""
     return BLOCK_M_CONFIGS.pick(load=pairs // max(1, experts))["BM"]
@@ -286,11 +164,26 @@ def _grouped(x, ids, weights, w13, w2, T, D, E, I, K):
     return sum_slots(out, T, x.dtype)
 
 
+def _dequantized(x, ids, weights, w13, w2, T, E, K):
+    """The hit experts dequantized once into bf16 scratch, then the bf16 grouped GEMMs (fused_experts)."""
+    hit = torch.zeros(E, dtype=torch.int32, device=x.device).index_fill_(0, ids.long(), 1)
+    w13_bf16 = dequantize(w13, "q2_k", torch.bfloat16, hit=hit)
+    w2_bf16 = dequantize(w2, "q3_k", torch.bfloat16, hit=hit)
+    return fused_experts(x, ids.view(T, K), weights.view(T, K), w13_bf16, w2_bf16, path="grouped")
+
+
+def prefill_path(T: int, K: int, E: int, D: int, I: int) -> str:
+    """grouped (fused) or dequant, from the mean pairs per expert against the declared threshold."""
+    threshold = PREFILL_CONFIGS.pick(D=D, I=I)["DEQUANT_MIN_LOAD"]
+    return "dequant" if T * K // max(1, E) >= threshold else "grouped"
+
+
 def experts_gguf(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
                  w2: torch.Tensor, path: str = "auto", rows_per_program: int | None = None,
                  split_i: int | None = None, split_d: int | None = None) -> torch.Tensor:
     """x [T, D] bf16, topk_ids [T, K] int, topk_weights [T, K] f32, w13 [E, 2I, D/256*84] uint8 (Q2_K),
-    w2 [E, D, I/256*110] uint8 (Q3_K) -> y [T, D] in x's dtype. path: auto | decode | grouped;
+    w2 [E, D, I/256*110] uint8 (Q3_K) -> y [T, D] in x's dtype. path: auto | decode | grouped | dequant | prefill
+    (prefill: grouped or dequant by the declared load threshold, as auto beyond DECODE_MAX_TOKENS);
     rows_per_program: the decode path's BR (tests force the GPU's 16 under the interpreter); split_i / split_d:
     its slices of I (down) and of D (gate/up)."""
     T, D, E, I, K = _check(x, topk_ids, topk_weights, w13, w2)
@@ -300,9 +193,13 @@ def experts_gguf(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
     if path == "auto":
-        path = "decode" if T <= DECODE_MAX_TOKENS else "grouped"
+        path = "decode" if T <= DECODE_MAX_TOKENS else "prefill"
+    if path == "prefill":
+        path = prefill_path(T, K, E, D, I)
     if path == "decode":
-        return _decode(x, ids, weights, w13, w2, T, D, I, K, rows_per_program, split_i, split_d)
+        return decode(x, ids, weights, w13, w2, T, D, I, K, rows_per_program, split_i, split_d)
     if path == "grouped":
         return _grouped(x, ids, weights, w13, w2, T, D, E, I, K)
-    raise ValueError(f"unknown path {path!r}: auto, decode or grouped")
+    if path == "dequant":
+        return _dequantized(x, ids, weights, w13, w2, T, E, K)
+    raise ValueError(f"unknown path {path!r}: auto, decode, grouped, dequant or prefill")

@@ -1,5 +1,7 @@
 """GGUF Q2_K / Q3_K rows -> bf16 or fp32: one program dequantizes BR rows of one 256-weight super-block column,
-32 weights at a time (device functions: kernels/quant/kquants.py).
+32 weights at a time (device functions: kernels/quant/kquants.py). dequantize_experts does it for the [E, rows,
+bytes] expert stacks of the GGUF MoE prefill, skipping the experts no token was routed to (a flag per expert read
+on the device: no host sync), whose scratch rows stay unwritten.
 
 Bit-exact with gguf's numpy dequantizer in fp32 (every product is exact); bf16 output is the fp32 value rounded
 once to nearest even (under the interpreter by integer ops, whose own cast truncates).
@@ -15,7 +17,13 @@ BLOCK_BYTES = {"q2_k": 84, "q3_k": 110}
 
 
 @triton.jit
-def _dequant_rows(raw, out, n_rows, row_bytes, cols, BR: tl.constexpr, Q3: tl.constexpr, RNE_BF16: tl.constexpr):
+def _dequant_rows(raw, out, hit, n_rows, row_bytes, cols, rows_per_expert, BR: tl.constexpr, Q3: tl.constexpr,
+                  RNE_BF16: tl.constexpr, SKIP: tl.constexpr):
+    """SKIP: rows of expert r // rows_per_expert are written only where hit[expert] != 0 (BR divides the rows
+    per expert, so a program's rows are one expert's)."""
+    if SKIP:
+        if tl.load(hit + tl.program_id(0) * BR // rows_per_expert) == 0:
+            return
     o_r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)[:, None]
     b = tl.program_id(1)
     mask = o_r < n_rows
@@ -29,8 +37,10 @@ def _dequant_rows(raw, out, n_rows, row_bytes, cols, BR: tl.constexpr, Q3: tl.co
         tl.store(dst + c, w.to(out.dtype.element_ty), mask=mask)
 
 
-def dequantize(raw: torch.Tensor, fmt: str, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """raw: [..., nb*block_bytes] uint8 (rows of `fmt` blocks) -> [..., nb*256] in `dtype`."""
+def dequantize(raw: torch.Tensor, fmt: str, dtype: torch.dtype = torch.bfloat16, hit: torch.Tensor | None = None
+               ) -> torch.Tensor:
+    """raw: [..., nb*block_bytes] uint8 (rows of `fmt` blocks) -> [..., nb*256] in `dtype`. hit: optional int32
+    flags over raw's first dimension (experts, raw [E, rows, bytes]): only the flagged experts' rows are written."""
     bb = BLOCK_BYTES[fmt]
     if raw.dtype != torch.uint8 or raw.shape[-1] % bb:
         raise ValueError(f"{fmt} expects uint8 rows of a multiple of {bb} bytes, got {raw.dtype} {tuple(raw.shape)}")
@@ -42,7 +52,14 @@ def dequantize(raw: torch.Tensor, fmt: str, dtype: torch.dtype = torch.bfloat16)
     if out.numel() == 0:
         return out
     BR = min(next_pow2(n_rows), 2048) if INTERPRET else 32
+    rows_per_expert = n_rows
+    if hit is not None:
+        if raw.dim() != 3 or hit.shape != raw.shape[:1]:
+            raise ValueError(f"hit {tuple(hit.shape)} must flag the experts of raw [E, rows, bytes] {tuple(raw.shape)}")
+        rows_per_expert = raw.shape[1]
+        BR = min(BR, rows_per_expert & -rows_per_expert)  # a power of two dividing the rows per expert
+        hit = hit.to(torch.int32).contiguous()
     grid = (triton.cdiv(n_rows, BR), cols // 256)
-    _dequant_rows[grid](raw, out, n_rows, row_bytes, cols, BR=BR, Q3=fmt == "q3_k",
-                        RNE_BF16=INTERPRET and dtype == torch.bfloat16)
+    _dequant_rows[grid](raw, out, hit, n_rows, row_bytes, cols, rows_per_expert, BR=BR, Q3=fmt == "q3_k",
+                        RNE_BF16=INTERPRET and dtype == torch.bfloat16, SKIP=hit is not None)
     return out

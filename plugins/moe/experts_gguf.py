@@ -7,9 +7,11 @@ w13_q=[E, 2I, D/256*84] uint8 (Q2_K rows, gate rows then up rows), w2_q=[E, D, I
 -> y [T, D] bf16. D and I must be multiples of 256. Block layouts: plugins/quant/kquants.py (moe.md).
 The reference and every backend use the same weights (the blocks dequantize exactly), so the tolerance measures
 the GEMM path only: ours keeps bf16 activations and weight tiles with fp32 accumulation.
-Backends: triton (kernels/moe/experts_gguf.py, dequant in registers; decode path up to 8 tokens, grouped
-tensor-core path beyond), triton_decode / triton_grouped (one path forced, on request), torch (dequantize the hit
-experts with the torch dequant, F.grouped_mm; at prefill that is a bf16 copy of every expert), torch_compile.
+Backends: triton (kernels/moe/experts_gguf.py: decode GEMVs on the blocks up to 8 tokens; beyond, the fused
+dequant-in-register grouped path, or from a declared mean load per expert the hit experts dequantized once into bf16
+scratch and the bf16 grouped GEMMs), triton_decode / triton_grouped / triton_dequant (one path forced, on request),
+torch (dequantize the hit experts with the torch dequant, F.grouped_mm; at prefill that is a bf16 copy of every
+expert), torch_compile.
 Module-level functions (`triton_experts_gguf`, `torch_experts_gguf`, `reference_experts_gguf`) take the same
 arguments, so moe.shared_expert / moe.layer run a GGUF shared expert as E=1, K=1 (ids 0, weights 1).
 Cost: FLOPs 6*T*K*I*D; bytes n_e(T)*I*D*(2*84 + 110)/256 + 4*T*D, n_e from the routing (moe.md).
@@ -40,7 +42,7 @@ from spark_bench.plugins.moe.common import (
 )
 from spark_bench.plugins.quant import kquants
 
-from spark_bench import Axis, Cost, Op, Tolerance
+from spark_bench import Axis, Backend, Cost, Op, Tolerance, probes
 from spark_bench.compiled import add_torch_compile
 from spark_bench.inputs import generator, randn
 
@@ -123,7 +125,10 @@ def triton_experts_gguf(x, topk_ids, topk_weights, w13_q, w2_q, path="auto"):
     return experts_gguf(x, topk_ids, topk_weights, w13_q, w2_q, path=path)
 
 
-add_triton_paths(op, triton_experts_gguf, "Ours: kernels/moe/experts_gguf.py, dequant in registers")
+add_triton_paths(op, triton_experts_gguf, "Ours: kernels/moe/experts_gguf.py")
+op.add_backend(Backend("triton_dequant", functools.partial(triton_experts_gguf, path="dequant"),
+                       probe=probes.triton_kernel, labels=probes.triton_labels, default=False,
+                       doc="Ours: kernels/moe/experts_gguf.py, path=dequant (bf16 scratch + bf16 grouped GEMMs)"))
 
 
 def _dequantize_chunked(blocks, hit, fmt, dtype):
