@@ -51,10 +51,13 @@ def test_prefill_new_sequences(backend):
     assert_close(out, PREFILL.reference(**fresh), 1e-2)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("batch,seed", [(1, 0), (4, 1)])
-def test_decode_backends_and_pools(backend, batch, seed):
-    inputs = DECODE.make_inputs({**SMALL, "batch": batch, "head_dim_v": 32}, dtype="bf16", seed=seed)
+@pytest.mark.parametrize("backend", [*BACKENDS, "triton_unfused"])
+@pytest.mark.parametrize("batch,shape,seed", [(1, {"head_dim_v": 32}, 0), (4, {"head_dim_v": 32}, 1),
+                                              (7, {"heads": 5, "head_dim_k": 24, "head_dim_v": 40}, 2),
+                                              (2, {"heads": 1, "head_dim": 32, "hidden": 56}, 3)])
+def test_decode_backends_and_pools(backend, batch, shape, seed):
+    """triton: the two-launch fused step (kernels/kda/block_decode.py); triton_unfused: the three per-op kernels."""
+    inputs = DECODE.make_inputs({**SMALL, **shape, "batch": batch}, dtype="bf16", seed=seed)
     before = {k: inputs[k].clone() for k in ("conv_state_pool", "state_pool")}
     ref_inputs = {k: v.clone() for k, v in inputs.items()}
     ref = DECODE.outputs(DECODE.reference(**ref_inputs), ref_inputs)

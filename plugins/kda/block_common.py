@@ -209,14 +209,20 @@ def add_composed_backends(op, make_stages, paths: dict, outputs: tuple, parts_do
     """Register one backend per path: paths[name] = the (conv, core, norm) callables, composed by
     make_stages(*parts) into [(stage, fn(ctx) -> dict)]; the backend returns the context values named in `outputs`
     and gives the runner its per-stage breakdown. After "torch", adds torch_compile of the whole torch block."""
+    for name, parts in paths.items():
+        add_staged_backend(op, name, make_stages(*parts), outputs, path=name.partition("_")[0],  # triton_unfused
+                           doc=f"The {name} backends of {parts_doc}; torch GEMMs for projections.")
+        if name == "torch":
+            add_torch_compile(op)
+
+
+def add_staged_backend(op, name: str, steps, outputs: tuple, path: str, doc: str) -> None:
+    """Register backend `name` running the stages [(stage, fn(ctx) -> dict)] in order; it returns the context
+    values named in `outputs`, gives the runner its per-stage breakdown, and takes the availability (probe, labels)
+    of `path` (triton, torch or fla)."""
     def pick(ctx):
         return tuple(ctx[k] for k in outputs) if len(outputs) > 1 else ctx[outputs[0]]
 
-    for name, parts in paths.items():
-        steps = make_stages(*parts)
-        probe, labels = _PATH_AVAILABILITY[name]
-        op.add_backend(Backend(name, lambda _steps=steps, **inputs: pick(run_stages(_steps, inputs)), probe=probe,
-                               labels=labels, doc=f"The {name} backends of {parts_doc}; torch GEMMs for projections.",
-                               stages=lambda inputs, _steps=steps: stage_calls(_steps, inputs)))
-        if name == "torch":
-            add_torch_compile(op)
+    probe, labels = _PATH_AVAILABILITY[path]
+    op.add_backend(Backend(name, lambda **inputs: pick(run_stages(steps, inputs)), probe=probe, labels=labels, doc=doc,
+                           stages=lambda inputs: stage_calls(steps, inputs)))

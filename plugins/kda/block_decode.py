@@ -111,9 +111,33 @@ def core_stage(core):
 stages = bc.stage_list(conv_stage, core_stage)
 
 
+def fused_conv_core(c):
+    """kernels/kda/block_decode.py launch 1: conv, SiLU, L2 norms, gate, beta and the recurrence of every head."""
+    from spark_bench.kernels.kda.block_decode import conv_recurrent_decode
+
+    return {"o": conv_recurrent_decode(c["qkv"], c["conv"], c["conv_state_pool"], c["g_raw"], c["b_logit"],
+                                       c["a_log"], c["dt_bias"], c["state_pool"], c["slots"],
+                                       heads=c["a_log"].numel())}
+
+
+def fused_norm_shift(c):
+    """Launch 2: the gated norm, and the conv state shifted by the new token (after launch 1 has read it)."""
+    from spark_bench.kernels.kda.block_decode import gated_norm_conv_shift
+
+    N, H, V = c["o"].shape
+    return {"o_normed": gated_norm_conv_shift(c["o"], c["z"].view(N, H, V), c["o_norm"], c["qkv"],
+                                              c["conv_state_pool"], c["slots"])}
+
+
+bc.add_staged_backend(op, "triton", [("projections", bc.projections), ("conv+core", fused_conv_core),
+                                     ("norm+conv_shift", fused_norm_shift), ("out_proj", bc.out_projection)],
+                      outputs=("out",), path="triton",
+                      doc="Two Triton launches between the torch GEMMs (kernels/kda/block_decode.py: the conv fused "
+                          "into the recurrent core, the conv state shift into the gated norm); triton_unfused is the "
+                          "three-launch composition of the per-op kernels.")
 bc.add_composed_backends(op, stages, {
-    "triton": (short_conv_decode.triton_short_conv_decode, rd.triton_recurrent_decode,
-               gated_rmsnorm.triton_gated_rmsnorm),
+    "triton_unfused": (short_conv_decode.triton_short_conv_decode, rd.triton_recurrent_decode,
+                       gated_rmsnorm.triton_gated_rmsnorm),
     "torch": (short_conv_decode.torch_short_conv_decode, rd.torch_recurrent_decode, gated_rmsnorm.torch_gated_rmsnorm),
     "fla": (short_conv_decode.fla_short_conv_decode, rd.fla_recurrent_decode, gated_rmsnorm.fla_gated_rmsnorm),
 }, outputs=("out",),
