@@ -52,10 +52,43 @@ def test_block_m_follows_the_load_and_the_grid_is_trimmed():
     assert live_tiles(131072, 256, 128, 1278) == 1278  # prefill: the worst case bound itself
 
 
+@pytest.mark.parametrize("seed, tokens, experts, topk, routing, split_i, split_d", [
+    (0, 8, 9, 8, "worst", None, None),  # 64 slots on 8 experts: 8 leaders serve 8 slots each
+    (1, 64, 1, 1, "uniform", None, 24),  # the shared expert: slot 0 leads all 64, D split in 3
+    (2, 7, 5, 1, "zipf", 16, None),  # odd T, E = 5, top-1, skewed: groups of uneven size
+    (3, 21, 13, 3, "zipf", 24, 40),  # 63 slots, both splits
+    (4, 33, 1, 1, "uniform", None, None)])
+def test_decode_serves_repeated_experts_from_one_program(seed, tokens, experts, topk, routing, split_i, split_d):
+    """Slots that share an expert are computed by its first slot's programs (the others exit): every slot's output
+    must still come out (poisoned scratch would show a slot nobody wrote)."""
+    inp = inputs(tokens, experts, topk, seed, routing=routing)
+    with poisoned_allocations():
+        out = decode(inp["x"], inp["topk_ids"].int(), inp["topk_weights"].float(), inp["w13"], inp["w2"],
+                     split_i=split_i, split_d=split_d)
+    check = check_outputs(OP, out, OP.reference(**inp), inp, "bf16")
+    assert check["ok"], check["message"]
+
+
+def test_auto_takes_the_decode_path_up_to_64_slots():
+    from spark_bench.kernels.moe import experts
+
+    calls = []
+    real = experts.decode
+    try:
+        experts.decode = lambda *a, **k: calls.append(a[1].shape) or real(*a, **k)
+        for tokens, topk, n_exp in ((64, 1, 1), (8, 8, 256), (1, 3, 5)):
+            inp = inputs(tokens, n_exp, topk, 0, hidden=40, inter=24)
+            fused_experts(inp["x"], inp["topk_ids"], inp["topk_weights"], inp["w13"], inp["w2"])
+    finally:
+        experts.decode = real
+    assert calls == [(64, 1), (8, 8), (1, 3)]
+
+
 def test_decode_split_reaches_the_cta_target():
     # Kimi-Linear T = 1: 8 slots x 144 D tiles already >= 1024; the shared expert (1 slot) splits I in 8
     assert down_split(8, 2304, 1024, 16, 256, 1024) == (1, 1024)
     S, i_split = down_split(1, 2304, 1024, 16, 128, 1024)
     assert S * 144 >= 1024 and i_split % 128 == 0 and S * i_split >= 1024
-    assert up_split(8, 2304, 1024, 8, 1024) == (1, 2304)  # routed: 8 x 128 programs without a split
-    assert up_split(1, 2304, 1024, 8, 1024) == (8, 320)  # shared expert: 8 slices of D, 1024 programs
+    assert up_split(8, 2304, 1024, 16, 1024) == (2, 1152)  # routed: 8 x 2 x 64 = 1024 programs
+    assert up_split(1, 2304, 1024, 16, 1024) == (18, 128)  # shared expert: 18 slices of D, 1152 programs
+    assert up_split(64, 2304, 1024, 16, 1024) == (1, 2304)  # 64 slots: no split

@@ -9,7 +9,8 @@ grouped tile order (GROUP_M m-tiles sweep every n-tile before the next group sta
 stay in L2 instead of being re-read from DRAM once per n-tile); the grid is trimmed to the tiles the routing can
 fill (T*K + min(E, T*K)*(BM-1) rows), and tiles past the padded count exit at once. BM follows the mean slots per
 expert (BLOCK_M_CONFIGS): 64 or 128 wherever the load allows, so Hopper runs wgmma.
-Decode path (T*K <= min(DECODE_MAX_SLOTS, 2E)): GEMVs without alignment (kernels/moe/experts_decode.py).
+Decode path (T*K <= DECODE_MAX_SLOTS): weight tiles streamed once per hit expert, without alignment; an expert
+that several slots share is read once for all of them (kernels/moe/experts_decode.py), so repeats do not bound it.
 """
 
 import math
@@ -49,7 +50,7 @@ DOWN_CONFIGS = declare(ConfigSpace(
     candidates=[{"BN": 128, "BK": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
                 {"BN": 128, "BK": 64, "GROUP_M": 16, "num_warps": 8, "num_stages": 3}],
     doc="BN columns of D, BK of I per step, GROUP_M m-tiles per n sweep"))
-DECODE_MAX_SLOTS = 64  # GEMV path while T*K <= 64 and <= 2 E (few re-reads of an expert); untuned: check on GPU
+DECODE_MAX_SLOTS = 64  # decode path while T*K <= 64 (its group tile is [BK, next_pow2(T*K)]); untuned: check on GPU
 
 
 @triton.jit
@@ -163,7 +164,7 @@ def fused_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
                   w2: torch.Tensor, path: str = "auto", block_m: int | None = None,
                   group_m: int | None = None) -> torch.Tensor:
     """x [T, D], topk_ids [T, K] int, topk_weights [T, K] f32, w13 [E, 2I, D], w2 [E, D, I] -> y [T, D] (x.dtype).
-    path: "auto" (decode when T*K <= min(DECODE_MAX_SLOTS, 2E)), "decode" or "grouped"; block_m / group_m force
+    path: "auto" (decode when T*K <= DECODE_MAX_SLOTS), "decode" or "grouped"; block_m / group_m force
     the grouped path's BM and GROUP_M (tests; else from the declared spaces)."""
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
     topk_ids = topk_ids.to(torch.int32).contiguous()
@@ -172,7 +173,7 @@ def fused_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     if T == 0:
         return torch.zeros_like(x)
     if path == "auto":
-        path = "decode" if T * K <= min(DECODE_MAX_SLOTS, 2 * w13.shape[0]) else "grouped"
+        path = "decode" if T * K <= DECODE_MAX_SLOTS else "grouped"
     if path not in ("decode", "grouped"):
         raise ValueError(f"unknown path {path!r}: auto, decode or grouped")
     if path == "decode":

@@ -1,14 +1,18 @@
-"""bf16 routed experts, decode path (few slots): GEMVs on CUDA cores, no alignment and no 16-row tile per token.
+"""bf16 routed experts, decode path (few slots): weight tiles streamed once per expert, no alignment launches.
 
-  _decode_swiglu  h[p, n] = silu(w1[e, n] . x[t]) * (w3[e, n] . x[t]) for slot p = t*K + k, e = ids[p]: one program
-                  per (slot, BN rows of I), bf16 h. With few slots (the shared expert: 1 per token) D is split in S1
-                  slices too, and the gate / up dots go out as fp32 partials that _decode_down sums (in order) and
-                  activates as it loads h.
-  _decode_down    part[p*S + s] = w[p] * (w2[e][:, slice s] @ h[p, slice s]) in fp32: one program per (slot, slice
-                  of I, BN rows of D). A token's K slots (and S slices) are separate programs, so T = 1 launches
-                  K*S*D/BN of them (Kimi-Linear: 1152) instead of D/BN with a serial loop over the slots.
+A slot p = t*K + k with expert e = ids[p] LEADS when no earlier slot has the same expert; a program of a slot that
+does not lead exits at once, and the leader's programs serve every slot q with ids[q] == e (its "group", found in
+the [P] ids, P <= 64): each weight tile is loaded once and multiplied by the group's [BK, BP] activations on tensor
+cores (a [BN, BK] x [BK, BP] dot, BP = next_pow2(P) >= 16). So routing that repeats an expert (T > 1 with skew,
+the shared expert's T slots on its one expert) reads that expert once, not once per slot; unique routing reads the
+same bytes as a per-slot GEMV. Grids count every slot (the host cannot see repeats without a sync) unless E = 1.
+  _decode_swiglu  h[q, n] = silu(w1[e, n] . x[t_q]) * (w3[e, n] . x[t_q]) for the leader's group: one program per
+                  (slot, slice of D, BN rows of I). With S1 > 1 slices of D the gate / up dots go out as fp32
+                  partials h[q*S1 + s] = [gate | up] that _decode_down sums in order and activates as it loads h.
+  _decode_down    part[q*S + s] = w[q] * (w2[e][:, slice s] @ h[q, slice s]) in fp32: one program per (slot, slice of
+                  I, BN rows of D). Kimi-Linear T = 1: 8 slots x 144 D tiles = 1152 programs.
   _sum_slots      y[t] = the token's K*S partials summed in a fixed order (kernels/moe/slots.py): deterministic.
-S1 and S (slices of D and of I) are the smallest splits that reach MIN_CTAS programs.
+S1 and S (slices of D and of I) are the smallest splits that reach MIN_CTAS programs over min(P, E) leaders.
 """
 
 import torch
@@ -18,86 +22,114 @@ from spark_bench.kernels.common import INTERPRET, next_pow2, round_bf16, rounds_
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.moe.slots import sum_slots
 
+# BN >= 16 (the dot's M); BK shrinks so the [BK, BP] activation tile stays within TILE elements.
 SWIGLU_CONFIGS = declare(ConfigSpace(
     "moe.experts_decode._decode_swiglu", key=("P", "D", "I"),
-    default={"BN": 8, "BK": 256, "MIN_CTAS": 1024, "num_warps": 4},
-    candidates=[{"BN": 16, "BK": 256, "MIN_CTAS": 1024, "num_warps": 4},
-                {"BN": 8, "BK": 512, "MIN_CTAS": 2048, "num_warps": 8}],
-    doc="BN rows of w1 and of w3 per program, BK columns of D per step, D split until MIN_CTAS programs"))
+    default={"BN": 16, "BK": 256, "TILE": 4096, "MIN_CTAS": 1024, "num_warps": 4},
+    candidates=[{"BN": 16, "BK": 128, "TILE": 4096, "MIN_CTAS": 1024, "num_warps": 4},
+                {"BN": 32, "BK": 256, "TILE": 8192, "MIN_CTAS": 2048, "num_warps": 8}],
+    doc="BN rows of w1 and of w3 per program, BK columns of D per step (BK * BP <= TILE), D split until MIN_CTAS"))
 DOWN_CONFIGS = declare(ConfigSpace(
     "moe.experts_decode._decode_down", key=("P", "D", "I"),
-    default={"BN": 16, "BK": 256, "MIN_CTAS": 1024, "num_warps": 4},
-    buckets=[({"P": 2}, {"BN": 16, "BK": 128, "MIN_CTAS": 1024, "num_warps": 4})],  # shared expert: S slices of I
-    # BN=16 with BK=512 at 8 warps spilled 4 B at D = 7168 (DeepSeek-V3) on sm_90a: `kernels --candidates` found it
-    candidates=[{"BN": 8, "BK": 256, "MIN_CTAS": 1024, "num_warps": 4},
-                {"BN": 8, "BK": 512, "MIN_CTAS": 2048, "num_warps": 8}],
-    doc="BN rows of w2 per program, BK columns of I per step, I split until the grid has MIN_CTAS programs"))
+    default={"BN": 16, "BK": 256, "TILE": 4096, "MIN_CTAS": 1024, "num_warps": 4},
+    buckets=[({"P": 2}, {"BN": 16, "BK": 128, "TILE": 4096, "MIN_CTAS": 1024, "num_warps": 4})],
+    candidates=[{"BN": 16, "BK": 512, "TILE": 8192, "MIN_CTAS": 2048, "num_warps": 8},
+                {"BN": 32, "BK": 256, "TILE": 8192, "MIN_CTAS": 1024, "num_warps": 8}],
+    doc="BN rows of w2 per program, BK columns of I per step (BK * BP <= TILE), I split until MIN_CTAS programs"))
 
 
 @triton.jit
-def _decode_swiglu(x, w13, h, topk_ids, D, I, D_SPLIT, S1, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   PARTS: tl.constexpr, RNE: tl.constexpr):
-    """Program (p*S1 + s, n-tile): the gate and up dots of slot p over slice s of D. PARTS (S1 > 1): writes them as
-    fp32 partials h[p*S1 + s] = [gate | up] ([P*S1, 2I]) for _decode_down to finish; else bf16 h[p] = SwiGLU."""
+def _group(topk_ids, p, P, BP: tl.constexpr):
+    """(leads, e, o_q, in_group): slot p's expert, whether p is its first slot, and the slots routed to it."""
+    o_q = tl.arange(0, BP)
+    ids = tl.load(topk_ids + o_q, mask=o_q < P, other=-1)
+    e = tl.load(topk_ids + p)
+    same = ids == e
+    leads = tl.sum((same & (o_q < p)).to(tl.int32), axis=0) == 0
+    return leads, e.to(tl.int64), o_q, same
+
+
+@triton.jit
+def _decode_swiglu(x, w13, h, topk_ids, P, D, I, D_SPLIT, S1, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   BP: tl.constexpr, PARTS: tl.constexpr, UPCAST_DOT: tl.constexpr, RNE: tl.constexpr):
+    """Program (p*S1 + s, n-tile): the gate and up dots of slot p's group over slice s of D. PARTS (S1 > 1): fp32
+    partials h[q*S1 + s] = [gate | up] ([P*S1, 2I]) for _decode_down to finish; else bf16 h[q] = SwiGLU."""
     i_ps, i_n = tl.program_id(0), tl.program_id(1)
-    s = i_ps // S1
-    e = tl.load(topk_ids + s).to(tl.int64)
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_n = o_n < I
-    w_gate = w13 + e * 2 * I * D + o_n[:, None].to(tl.int64) * D
-    acc_g = tl.zeros([BN, BK], dtype=tl.float32)
-    acc_u = tl.zeros([BN, BK], dtype=tl.float32)
-    k_end = tl.minimum(D, (i_ps % S1 + 1) * D_SPLIT)
-    for k0 in range(i_ps % S1 * D_SPLIT, k_end, BK):
-        o_k = k0 + tl.arange(0, BK)
-        m_k = o_k < k_end
-        xv = tl.load(x + (s // K) * D + o_k, mask=m_k, other=0.0).to(tl.float32)[None, :]
-        m_w = m_n[:, None] & m_k[None, :]
-        acc_g += tl.load(w_gate + o_k[None, :], mask=m_w, other=0.0).to(tl.float32) * xv
-        acc_u += tl.load(w_gate + I * D + o_k[None, :], mask=m_w, other=0.0).to(tl.float32) * xv
-    g, u = tl.sum(acc_g, axis=1), tl.sum(acc_u, axis=1)
-    if PARTS:
-        tl.store(h + i_ps.to(tl.int64) * 2 * I + o_n, g, mask=m_n)
-        tl.store(h + i_ps.to(tl.int64) * 2 * I + I + o_n, u, mask=m_n)
-    else:
-        tl.store(h + s * I + o_n, round_bf16(g / (1.0 + tl.exp(-g)) * u, RNE).to(h.dtype.element_ty), mask=m_n)
+    leads, e, o_q, same = _group(topk_ids, i_ps // S1, P, BP)
+    if leads:
+        s = i_ps % S1
+        o_n = i_n * BN + tl.arange(0, BN)
+        m_n = o_n < I
+        w_gate = w13 + e * 2 * I * D + o_n[:, None].to(tl.int64) * D
+        x_col = x + (o_q // K).to(tl.int64)[None, :] * D
+        acc_g = tl.zeros([BN, BP], dtype=tl.float32)
+        acc_u = tl.zeros([BN, BP], dtype=tl.float32)
+        k_end = tl.minimum(D, (s + 1) * D_SPLIT)
+        for k0 in range(s * D_SPLIT, k_end, BK):
+            o_k = k0 + tl.arange(0, BK)
+            m_k = o_k < k_end
+            xt = tl.load(x_col + o_k[:, None], mask=m_k[:, None] & same[None, :], other=0.0)
+            m_w = m_n[:, None] & m_k[None, :]
+            wg = tl.load(w_gate + o_k[None, :], mask=m_w, other=0.0)
+            wu = tl.load(w_gate + I * D + o_k[None, :], mask=m_w, other=0.0)
+            if UPCAST_DOT:
+                xt, wg, wu = xt.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
+            acc_g = tl.dot(wg, xt, acc_g)
+            acc_u = tl.dot(wu, xt, acc_u)
+        m_out = m_n[:, None] & same[None, :]
+        if PARTS:
+            row = h + (o_q * S1 + s).to(tl.int64)[None, :] * 2 * I + o_n[:, None]
+            tl.store(row, acc_g, mask=m_out)
+            tl.store(row + I, acc_u, mask=m_out)
+        else:
+            act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+            tl.store(h + o_q.to(tl.int64)[None, :] * I + o_n[:, None], round_bf16(act, RNE).to(h.dtype.element_ty),
+                     mask=m_out)
 
 
 @triton.jit
-def _h_slice(h, p, o_k, m_k, I, S1, PARTS: tl.constexpr):
-    """h[p, o_k] in fp32: loaded, or (PARTS) SwiGLU of the S1 gate / up partials summed in order."""
+def _h_tile(h, o_q, same, o_k, m_k, I, S1, PARTS: tl.constexpr):
+    """h[o_q, o_k] as a [BK, BP] tile (fp32 when PARTS: SwiGLU of the S1 gate / up partials summed in order)."""
+    mask = m_k[:, None] & same[None, :]
     if PARTS:
-        g = tl.zeros(o_k.shape, dtype=tl.float32)
-        u = tl.zeros(o_k.shape, dtype=tl.float32)
+        g = tl.zeros([o_k.shape[0], o_q.shape[0]], dtype=tl.float32)
+        u = tl.zeros([o_k.shape[0], o_q.shape[0]], dtype=tl.float32)
         for s in range(S1):
-            row = h + (p * S1 + s).to(tl.int64) * 2 * I
-            g += tl.load(row + o_k, mask=m_k, other=0.0)
-            u += tl.load(row + I + o_k, mask=m_k, other=0.0)
+            row = h + (o_q * S1 + s).to(tl.int64)[None, :] * 2 * I + o_k[:, None]
+            g += tl.load(row, mask=mask, other=0.0)
+            u += tl.load(row + I, mask=mask, other=0.0)
         hv = g / (1.0 + tl.exp(-g)) * u
     else:
-        hv = tl.load(h + p * I + o_k, mask=m_k, other=0.0).to(tl.float32)
+        hv = tl.load(h + o_q.to(tl.int64)[None, :] * I + o_k[:, None], mask=mask, other=0.0)
     return hv
 
 
 @triton.jit
-def _decode_down(h, w2, topk_ids, topk_weights, part, D, I, I_SPLIT, S, S1, BN: tl.constexpr, BK: tl.constexpr,
-                 PARTS: tl.constexpr):
+def _decode_down(h, w2, topk_ids, topk_weights, part, P, D, I, I_SPLIT, S, S1, BN: tl.constexpr, BK: tl.constexpr,
+                 BP: tl.constexpr, PARTS: tl.constexpr, UPCAST_DOT: tl.constexpr):
     i_ps, i_n = tl.program_id(0), tl.program_id(1)
-    p, i_s = i_ps // S, i_ps % S
-    e = tl.load(topk_ids + p).to(tl.int64)
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_n = o_n < D
-    w_row = w2 + e * D * I + o_n[:, None].to(tl.int64) * I
-    acc = tl.zeros([BN, BK], dtype=tl.float32)
-    k_end = tl.minimum(I, (i_s + 1) * I_SPLIT)
-    for k0 in range(i_s * I_SPLIT, k_end, BK):
-        o_k = k0 + tl.arange(0, BK)
-        m_k = o_k < k_end
-        hv = _h_slice(h, p, o_k, m_k, I, S1, PARTS)
-        acc += tl.load(w_row + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0).to(tl.float32) \
-            * hv[None, :]
-    out = tl.sum(acc, axis=1) * tl.load(topk_weights + p)
-    tl.store(part + i_ps.to(tl.int64) * D + o_n, out, mask=m_n)
+    i_s = i_ps % S
+    leads, e, o_q, same = _group(topk_ids, i_ps // S, P, BP)
+    if leads:
+        o_n = i_n * BN + tl.arange(0, BN)
+        m_n = o_n < D
+        w_row = w2 + e * D * I + o_n[:, None].to(tl.int64) * I
+        acc = tl.zeros([BN, BP], dtype=tl.float32)
+        k_end = tl.minimum(I, (i_s + 1) * I_SPLIT)
+        for k0 in range(i_s * I_SPLIT, k_end, BK):
+            o_k = k0 + tl.arange(0, BK)
+            m_k = o_k < k_end
+            hv = _h_tile(h, o_q, same, o_k, m_k, I, S1, PARTS)
+            w = tl.load(w_row + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+            if UPCAST_DOT:
+                w = w.to(tl.float32)
+                hv = hv.to(tl.float32)
+            else:
+                hv = hv.to(w.dtype)  # bf16 operands (PARTS: the activation rounded once, as h is without PARTS)
+            acc = tl.dot(w, hv, acc)
+        acc *= tl.load(topk_weights + o_q, mask=same, other=0.0)[None, :]
+        tl.store(part + (o_q * S + i_s).to(tl.int64)[None, :] * D + o_n[:, None], acc,
+                 mask=m_n[:, None] & same[None, :])
 
 
 def _block(n: int, cap: int) -> int:
@@ -112,35 +144,51 @@ def down_split(P: int, D: int, I: int, BN: int, BK: int, min_ctas: int) -> tuple
 
 
 def up_split(P: int, D: int, I: int, BN: int, min_ctas: int) -> tuple[int, int]:
-    """(S1, D_SPLIT): slices of D (D_SPLIT a multiple of 64) giving P*S1*cdiv(I, BN) >= min_ctas programs."""
+    """(S1, D_SPLIT): slices of D (D_SPLIT a multiple of 64, rounded down so S1 reaches the want) giving
+    P*S1*cdiv(I, BN) >= min_ctas programs where D allows."""
     want = max(1, min(triton.cdiv(D, 64), triton.cdiv(min_ctas, P * triton.cdiv(I, BN))))
-    d_split = triton.cdiv(triton.cdiv(D, want), 64) * 64
+    d_split = max(64, D // want // 64 * 64) if want > 1 else D
     return triton.cdiv(D, d_split), d_split
 
 
+def _step(meta: dict, BP: int) -> int:
+    """BK of a config for BP group columns: at most TILE // BP, at least 16 (the dot's K)."""
+    return max(16, min(meta["BK"], meta["TILE"] // BP))
+
+
 def decode(x, topk_ids, topk_weights, w13, w2, split_i: int | None = None, split_d: int | None = None):
-    """y [T, D] for few slots. split_i / split_d: force the slice width of I (down) and of D (gate/up; tests).
-    Under the interpreter D is not split unless forced."""
+    """y [T, D] for few slots (P = T*K <= 64). split_i / split_d: force the slice width of I (down) and of D
+    (gate/up; tests). Under the interpreter D is not split unless forced."""
     T, D = x.shape
-    K = topk_ids.shape[1]
-    I = w2.shape[2]
+    E, K, I = w13.shape[0], topk_ids.shape[1], w2.shape[2]
     P = T * K
+    BP = _block(P, 64)
+    if P > BP:
+        raise ValueError(f"the decode path takes at most 64 slots, not {P}")
+    leaders = P if E > 1 else 1  # E = 1: slot 0 leads every slot, so the grid holds its programs only
     meta, options = split(SWIGLU_CONFIGS.pick(P=P, D=D, I=I))
-    BN, BK = (_block(I, 128), _block(D, 256) if split_d is None else 16) if INTERPRET else (meta["BN"], meta["BK"])
-    S1, d_split = (1, D) if INTERPRET else up_split(P, D, I, BN, meta["MIN_CTAS"])
+    BN, BK = (_block(I, 128), _block(D, 256) if split_d is None else 16) if INTERPRET else (meta["BN"],
+                                                                                          _step(meta, BP))
+    S1, d_split = (1, D) if INTERPRET else up_split(min(P, E), D, I, BN, meta["MIN_CTAS"])
     if split_d is not None:
         S1, d_split = triton.cdiv(D, split_d), split_d
+    if S1 > 1:
+        BK = max(16, min(BK, d_split & -d_split))  # a power of two dividing the slice: no half-masked steps
     parts = S1 > 1
     h = torch.empty((P * S1, 2 * I) if parts else (P, I), dtype=torch.float32 if parts else x.dtype,
                     device=x.device)
-    _decode_swiglu[(P * S1, triton.cdiv(I, BN))](x, w13, h, topk_ids, D, I, d_split, S1, K=K, BN=BN, BK=BK,
-                                                 PARTS=parts, RNE=rounds_bf16(h.dtype), **options)
+    _decode_swiglu[(leaders * S1, triton.cdiv(I, BN))](x, w13, h, topk_ids, P, D, I, d_split, S1, K=K, BN=BN, BK=BK,
+                                                       BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET,
+                                                       RNE=rounds_bf16(h.dtype), **options)
     meta, options = split(DOWN_CONFIGS.pick(P=P, D=D, I=I))
-    BN, BK = (_block(D, 128), _block(I, 256) if split_i is None else 16) if INTERPRET else (meta["BN"], meta["BK"])
-    S, i_split = down_split(P, D, I, BN, BK, meta["MIN_CTAS"])
+    # PARTS: the gate and up sums are two more fp32 [BK, BP] tiles (at BK * BP = 4096 they spilled 4 B on sm_90a)
+    BN, BK = (_block(D, 128), _block(I, 256) if split_i is None else 16) if INTERPRET else (
+        meta["BN"], _step(meta, BP * (2 if parts else 1)))
+    S, i_split = down_split(min(P, E), D, I, BN, BK, meta["MIN_CTAS"])
     if split_i is not None:
         S, i_split = triton.cdiv(I, split_i), split_i
     part = torch.empty((P * S, D), dtype=torch.float32, device=x.device)
-    _decode_down[(P * S, triton.cdiv(D, BN))](h, w2, topk_ids, topk_weights, part, D, I, i_split, S, S1, BN=BN,
-                                              BK=BK, PARTS=parts, **options)
+    _decode_down[(leaders * S, triton.cdiv(D, BN))](h, w2, topk_ids, topk_weights, part, P, D, I, i_split, S, S1,
+                                                    BN=BN, BK=BK, BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET,
+                                                    **options)
     return sum_slots(part, T, x.dtype)
