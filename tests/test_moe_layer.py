@@ -90,9 +90,29 @@ def test_layer_reference_is_router_plus_experts_plus_shared():
     torch.testing.assert_close(LAYER.reference(**inputs).double(), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("seed, tokens, topk, experts", [(0, 1, 8, 9), (1, 7, 8, 13), (2, 37, 1, 5), (3, 300, 2, 8)])
+def test_shared_expert_runs_as_routed_expert_e(seed, tokens, topk, experts):
+    """make_inputs stacks the shared expert after the routed ones, so triton routes it as slot K (expert E, weight
+    1) through the same launches; unstacked copies take the separate path. Both match the reference. T*(K+1):
+    9 and 63 slots (decode path), 74 and 900 (grouped)."""
+    from spark_bench.plugins.moe import layer
+
+    inputs = LAYER.make_inputs(layer_params(tokens, topk=topk, experts=experts, groups=1, topk_groups=1), seed=seed)
+    assert layer.fused_shared("triton", inputs) is not None
+    assert [name for name, _ in LAYER.backends["triton"].stages(inputs)] == ["router", "experts"]
+    ref = LAYER.reference(**inputs)
+    apart = {**inputs, "shared_w13": inputs["shared_w13"].clone()}
+    assert layer.fused_shared("triton", apart) is None
+    for case in (inputs, apart):
+        check = check_outputs(LAYER, call(LAYER, "triton", case), ref, case, "bf16")
+        assert check["ok"], check["message"]
+
+
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_stages_compose_the_layer(backend):
     inputs = LAYER.make_inputs(layer_params(9), seed=1)
+    if backend == "triton":  # the separate stages: weights that are not stacked views
+        inputs = {**inputs, "shared_w13": inputs["shared_w13"].clone(), "shared_w2": inputs["shared_w2"].clone()}
     stages = LAYER.backends[backend].stages(inputs)
     assert [name for name, _ in stages] == ["router", "experts", "shared_expert", "add"]
     results = {name: fn() for name, fn in stages}

@@ -153,3 +153,18 @@ def test_router_paths_match_the_loop(monkeypatch, path, ticket, sms, seed, token
         assert_same_routing((w, ids), loop_router(inputs["x"], inputs["gate_w"], inputs["gate_bias"], topk, groups,
                                                   topk_groups, 2.5))
     assert int(kernel.tickets(inputs["x"].device, 1).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("path", ["rows", "split"])
+def test_router_appends_the_shared_expert_slot(path):
+    """shared_id: the same launch writes slot K = (shared_id, weight 1) after the K routed slots."""
+    from spark_bench.kernels.moe.router import route
+
+    p = params(13, experts=20, topk=3, groups=4, topk_groups=2)
+    inputs = OP.make_inputs(p, seed=5)
+    args = (inputs["x"], inputs["gate_w"], inputs["gate_bias"], 3, 4, 2, 2.5)
+    w, ids = route(*args, path=path)
+    w_s, ids_s = route(*args, path=path, shared_id=20)
+    assert ids_s.shape == (13, 4) and w_s.shape == (13, 4)
+    assert torch.equal(ids_s[:, :3], ids) and torch.equal(w_s[:, :3], w)
+    assert (ids_s[:, 3] == 20).all() and (w_s[:, 3] == 1.0).all()

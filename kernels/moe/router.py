@@ -45,8 +45,9 @@ ROWS_CONFIGS = declare(ConfigSpace(
 
 @triton.jit
 def _select_rows(logits, o_t, m_t, bias, out_w, out_ids, scale, E: tl.constexpr, K: tl.constexpr, G: tl.constexpr,
-                 TG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr, BG: tl.constexpr):
-    """Top-K selection of the [BT, BE] fp32 logits of rows o_t; stores weights [T, K] f32 and ids [T, K] int32."""
+                 TG: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr, BG: tl.constexpr, SHARED: tl.constexpr):
+    """Top-K selection of the [BT, BE] fp32 logits of rows o_t; stores weights [T, R] f32 and ids [T, R] int32 with
+    R = K, or R = K + 1 when SHARED >= 0: slot K is then the shared expert (id SHARED, weight 1)."""
     o_e = tl.arange(0, BE)
     m_e = o_e < E
     scores = 1.0 / (1.0 + tl.exp(-logits))
@@ -80,9 +81,13 @@ def _select_rows(logits, o_t, m_t, bias, out_w, out_ids, scale, E: tl.constexpr,
         wts = tl.where(o_k[None, :] == k, wk[:, None], wts)
         choice = tl.where(hit, float("-inf"), choice)
     wts = wts / tl.sum(wts, axis=1)[:, None] * scale
-    m_out = m_t[:, None] & (o_k[None, :] < K)
-    tl.store(out_w + o_t[:, None] * K + o_k[None, :], wts, mask=m_out)
-    tl.store(out_ids + o_t[:, None] * K + o_k[None, :], ids, mask=m_out)
+    R: tl.constexpr = K + 1 if SHARED >= 0 else K
+    if SHARED >= 0:
+        ids = tl.where(o_k[None, :] == K, SHARED, ids)
+        wts = tl.where(o_k[None, :] == K, 1.0, wts)
+    m_out = m_t[:, None] & (o_k[None, :] < R)
+    tl.store(out_w + o_t[:, None] * R + o_k[None, :], wts, mask=m_out)
+    tl.store(out_ids + o_t[:, None] * R + o_k[None, :], ids, mask=m_out)
 
 
 @triton.jit
@@ -101,7 +106,7 @@ def _summed_slices(partial, o_t, m_t, T, S, E: tl.constexpr, BE: tl.constexpr):
 def _router_logits(x, w, partial, tickets, bias, out_w, out_ids, T, D, D_SPLIT, scale, E: tl.constexpr,
                    BT: tl.constexpr, BE: tl.constexpr, BD: tl.constexpr, TICKET: tl.constexpr, K: tl.constexpr,
                    G: tl.constexpr, TG: tl.constexpr, BE_ALL: tl.constexpr, BK: tl.constexpr, BG: tl.constexpr,
-                   UPCAST_DOT: tl.constexpr):
+                   SHARED: tl.constexpr, UPCAST_DOT: tl.constexpr):
     i_t, i_e, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_t = (i_t * BT + tl.arange(0, BT)).to(tl.int64)
     o_e = (i_e * BE + tl.arange(0, BE)).to(tl.int64)
@@ -123,24 +128,24 @@ def _router_logits(x, w, partial, tickets, bias, out_w, out_ids, T, D, D_SPLIT, 
         if tl.atomic_add(tickets + i_t, 1, sem="acq_rel") == n_programs - 1:
             m_t = o_t < T
             _select_rows(_summed_slices(partial, o_t, m_t, T, tl.num_programs(2), E, BE_ALL), o_t, m_t, bias,
-                         out_w, out_ids, scale, E, K, G, TG, BE_ALL, BK, BG)
+                         out_w, out_ids, scale, E, K, G, TG, BE_ALL, BK, BG, SHARED)
             tl.store(tickets + i_t, 0)  # ready for the next call (same stream, so no other program reads it)
 
 
 @triton.jit
 def _router_select(partial, bias, out_w, out_ids, T, S, scale, E: tl.constexpr, K: tl.constexpr,
                    G: tl.constexpr, TG: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
-                   BG: tl.constexpr):
+                   BG: tl.constexpr, SHARED: tl.constexpr):
     o_t = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)
     m_t = o_t < T
     _select_rows(_summed_slices(partial, o_t, m_t, T, S, E, BE), o_t, m_t, bias, out_w, out_ids, scale, E, K, G,
-                 TG, BE, BK, BG)
+                 TG, BE, BK, BG, SHARED)
 
 
 @triton.jit
 def _router_rows(x, w, bias, out_w, out_ids, T, D, scale, E: tl.constexpr, K: tl.constexpr, G: tl.constexpr,
                  TG: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
-                 BG: tl.constexpr, UPCAST_DOT: tl.constexpr):
+                 BG: tl.constexpr, SHARED: tl.constexpr, UPCAST_DOT: tl.constexpr):
     o_t = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)
     o_e = tl.arange(0, BE).to(tl.int64)
     m_t = o_t < T
@@ -153,7 +158,7 @@ def _router_rows(x, w, bias, out_w, out_ids, T, D, scale, E: tl.constexpr, K: tl
         if UPCAST_DOT:
             a, b = a.to(tl.float32), b.to(tl.float32)
         acc = tl.dot(a, b, acc)
-    _select_rows(acc, o_t, m_t, bias, out_w, out_ids, scale, E, K, G, TG, BE, BK, BG)
+    _select_rows(acc, o_t, m_t, bias, out_w, out_ids, scale, E, K, G, TG, BE, BK, BG, SHARED)
 
 
 _TICKETS: dict = {}
@@ -201,21 +206,25 @@ def _rows(x, gate_w, bias, weights, ids, selection, meta, options):
 
 
 def route(x: torch.Tensor, gate_w: torch.Tensor, gate_bias: torch.Tensor, topk: int, groups: int = 1,
-          topk_groups: int = 1, routed_scaling_factor: float = 1.0,
-          path: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+          topk_groups: int = 1, routed_scaling_factor: float = 1.0, path: str = "auto",
+          shared_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, D] bf16, gate_w [E, D] bf16, gate_bias [E] f32 -> (topk_weights [T, K] f32, topk_ids [T, K] int32).
-    path: "auto" (rows once cdiv(T, BT) programs fill every SM, else split), "rows" or "split" (tests)."""
+    path: "auto" (rows once cdiv(T, BT) programs fill every SM, else split), "rows" or "split" (tests).
+    shared_id: also route every token to this expert (the shared expert stacked after the routed ones) with weight
+    1, as slot K of [T, K + 1] outputs, written by the same launch."""
     x, gate_w = x.contiguous(), gate_w.contiguous()
     T = x.shape[0]
     E = gate_w.shape[0]
     if E % groups or topk_groups > groups:
         raise ValueError(f"{E} experts cannot form {groups} groups keeping {topk_groups}")
-    weights = torch.empty((T, topk), dtype=torch.float32, device=x.device)
-    ids = torch.empty((T, topk), dtype=torch.int32, device=x.device)
+    R = topk + (shared_id is not None)
+    weights = torch.empty((T, R), dtype=torch.float32, device=x.device)
+    ids = torch.empty((T, R), dtype=torch.int32, device=x.device)
     if T == 0:
         return weights, ids
     selection = {"scale": float(routed_scaling_factor),
-                 "meta": {"K": topk, "G": groups, "TG": topk_groups, "BK": next_pow2(topk), "BG": next_pow2(groups)}}
+                 "meta": {"K": topk, "G": groups, "TG": topk_groups, "BK": next_pow2(R), "BG": next_pow2(groups),
+                          "SHARED": -1 if shared_id is None else int(shared_id)}}
     bias = gate_bias.float().contiguous()
     meta, options = split(ROWS_CONFIGS.pick(T=T, E=E, D=x.shape[1]))
     if path == "auto":

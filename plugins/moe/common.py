@@ -131,6 +131,25 @@ def format_weights(fmt: str, E: int, D: int, I: int, gen: torch.Generator, *, de
             kquants.random_blocks("q3_k", (E, D), I, gen, std=w2_std(I), device=device))
 
 
+def stack_shared(routed: torch.Tensor, shared: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(routed [E, ...], shared [1, ...]) as adjacent views of one [E + 1, ...] tensor, the shared expert stacked as
+    expert E (sglang's fused shared expert), so a backend can run both in one routed launch without a copy."""
+    both = torch.cat([routed, shared])
+    return both[:routed.shape[0]], both[routed.shape[0]:]
+
+
+def stacked(routed: torch.Tensor, shared: torch.Tensor) -> torch.Tensor | None:
+    """The [E + 1, ...] tensor that `routed` and `shared` are adjacent views of (stack_shared), else None."""
+    base = routed._base
+    if base is None or shared._base is not base or base.shape[0] != routed.shape[0] + 1 or \
+            not base.is_contiguous() or base.shape[1:] != routed.shape[1:] or base.shape[1:] != shared.shape[1:]:
+        return None
+    if routed.storage_offset() != base.storage_offset() or \
+            shared.storage_offset() != base.storage_offset() + routed.numel():
+        return None
+    return base
+
+
 def format_bytes(fmt: str) -> tuple[float, float]:
     """Bytes per weight (b13, b2) of w1/w3 and w2 in `fmt` (moe.md)."""
     return (2.0, 2.0) if fmt == "bf16" else (84 / 256, 110 / 256)

@@ -5,9 +5,11 @@
 Calling convention: backend(x=[T, D] bf16, gate_w, gate_bias, gate_bias_host, topk, groups, topk_groups,
 routed_scaling_factor (as moe.router), w13, w2 (routed, as moe.experts / moe.experts_gguf for `format`),
 shared_w13=[1, 2I, D], shared_w2=[1, D, I] (same format), shared_ids=[T, 1] zeros, shared_weights=[T, 1] ones,
-format) -> out [T, D] bf16. Every backend declares `stages` (router, experts, shared_expert, add) for the per-stage
-breakdown. Backends: triton (all ours), triton_host (the engine's CPU-selection router, then ours), torch,
-torch_compile. A token whose routing is a near-tie (biased-score gap < 1e-5) may legitimately pick another expert
+format) -> out [T, D] bf16. Every backend declares `stages` for the per-stage breakdown: router, experts,
+shared_expert, add; or, for triton with the shared expert stacked after the routed ones (make_inputs stacks them:
+common.stack_shared), router (K routed slots + the shared one, in one launch) and experts (routed and shared in
+one set of expert launches; the slots summed in fp32, so no add). Backends: triton (all ours), triton_host (the
+engine's CPU-selection router, then ours; shared expert apart), torch, torch_compile. A token whose routing is a near-tie (biased-score gap < 1e-5) may legitimately pick another expert
 than the fp64 reference: compare= leaves those tokens out of the error (and counts them).
 The --quick sweep is bf16 only (the interpreted GGUF layer takes minutes); on CPU try GGUF with
 `--set format=q2k_q3k --set hidden=256 --set inter=256` (K-quant rows are multiples of 256).
@@ -33,6 +35,7 @@ def make_inputs(p, *, device, dtype, seed):
     gate_w, gate_bias = common.router_weights(E, D, gen, device=device, x_std=common.X_STD)
     w13, w2 = common.format_weights(fmt, E, D, I, gen, device=device)
     shared_w13, shared_w2 = common.format_weights(fmt, 1, D, I, gen, device=device)
+    (w13, shared_w13), (w2, shared_w2) = common.stack_shared(w13, shared_w13), common.stack_shared(w2, shared_w2)
     shared_ids, shared_weights = shared_expert.single_expert_routing(T, device)
     return {
         "x": randn((T, D), gen, dtype=dtype, device=device, std=common.X_STD),
@@ -62,8 +65,25 @@ PIPELINES = {  # backend -> (router, routed experts, shared expert)
 }
 
 
+def fused_shared(pipeline, inputs):
+    """(w13, w2) with the shared expert as expert E when the triton pipeline can run it in the routed launches."""
+    if pipeline != "triton":
+        return None
+    w13, w2 = common.stacked(inputs["w13"], inputs["shared_w13"]), common.stacked(inputs["w2"], inputs["shared_w2"])
+    return None if w13 is None or w2 is None else (w13, w2)
+
+
 def _parts(pipeline, inputs):
-    """The three stage callables of a pipeline: route(), experts(weights, ids), shared()."""
+    """The three stage callables of a pipeline: route(), experts(weights, ids), shared(); shared is None when the
+    routed stage runs the shared expert too (route() then returns its slot as well)."""
+    fused = fused_shared(pipeline, inputs)
+    if fused is not None:
+        from spark_bench.kernels.moe.router import route as kernel_route
+
+        args = {k: inputs[k] for k in ROUTER_KEYS if k != "gate_bias_host"}
+        experts_fn = common.experts_impl("triton", inputs["format"])
+        return (lambda: kernel_route(**args, shared_id=inputs["w13"].shape[0]),
+                lambda weights, ids: experts_fn(inputs["x"], ids, weights, *fused), None)
     r, e, s = PIPELINES[pipeline]
     route_fn, experts_fn = ROUTERS[r], common.experts_impl(e, inputs["format"])
     x, w13, w2 = inputs["x"], inputs["w13"], inputs["w2"]
@@ -75,13 +95,15 @@ def _parts(pipeline, inputs):
 def forward(pipeline, inputs):
     route, experts, shared = _parts(pipeline, inputs)
     weights, ids = route()
-    return experts(weights, ids) + shared()
+    return experts(weights, ids) if shared is None else experts(weights, ids) + shared()
 
 
 def stages_of(pipeline):
     def stages(inputs):
         route, experts, shared = _parts(pipeline, inputs)
         weights, ids = route()
+        if shared is None:
+            return [("router", route), ("experts", lambda: experts(weights, ids))]
         y, z = experts(weights, ids), shared()
         return [("router", route), ("experts", lambda: experts(weights, ids)), ("shared_expert", shared),
                 ("add", lambda: y + z)]
@@ -178,7 +200,8 @@ def _register(name, doc, **kwargs):
     op.backend(name, stages=stages_of(name), **kwargs)(run)
 
 
-_register("triton", "Ours: triton router, routed experts and shared expert (E = 1) kernels, torch add.",
+_register("triton", "Ours: the router with the shared expert's slot, then the routed kernels with the shared expert "
+          "as expert E (separate launches and a torch add when the weights are not stacked).",
           probe=probes.triton_kernel, labels=probes.triton_labels)
 _register("triton_host", "The engine's CPU path: device logits, host selection (syncs), then our expert kernels.",
           probe=probes.triton_kernel,
