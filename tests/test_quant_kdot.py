@@ -1,12 +1,13 @@
-"""kernels/quant/kdot.py: the factored super-block dot of Q2_K / Q3_K rows with an activation vector, against the
-fp64 dot with gguf's dequantized weights (the oracle), on random valid blocks and on random bytes (every code,
-scale and hmask bit, negative Q3_K scales, d and dmin of both signs from subnormal to large)."""
+"""kernels/quant/kdot.py: Q2_K / Q3_K super-blocks times an activation vector (mantissa-trick codes, one FMA per
+weight for the scales), against the fp64 dot with gguf's dequantized weights (the oracle), on random valid blocks and
+on random bytes (every code, scale and hmask bit, negative Q3_K scales, d and dmin of both signs from subnormal to
+large)."""
 
 import pytest
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.quant.kdot import activation_sums, subblock_offsets, superblock_dot
+from spark_bench.kernels.quant.kdot import row_sums, superblock_fma, superblock_offsets
 from spark_bench.kernels.quant.kquants import block_ptr
 from spark_bench.plugins.quant import kquants
 from test_quant_dequant import random_bytes  # random bytes, finite d of both signs
@@ -17,11 +18,10 @@ def _dot_rows(raw, x, out, n_rows, row_bytes, NB, BR: tl.constexpr, Q3: tl.const
     o_r = tl.arange(0, BR)[:, None]
     mask = o_r < n_rows
     rows = raw + o_r * row_bytes
-    acc = tl.zeros([BR, 1], dtype=tl.float32)
+    acc = tl.zeros([BR, 2, 2, 16], dtype=tl.float32)
     for b in range(NB):
-        xv = tl.load(x + b * 256 + subblock_offsets())
-        acc += superblock_dot(block_ptr(rows, b, Q3), mask, xv, activation_sums(xv), Q3)
-    tl.store(out + o_r, acc, mask=mask)
+        acc = superblock_fma(block_ptr(rows, b, Q3), mask, tl.load(x + b * 256 + superblock_offsets()), acc, Q3)
+    tl.store(out + o_r, row_sums(acc), mask=mask)
 
 
 def dot(raw, x, fmt):

@@ -4,10 +4,13 @@
     part  = weights[p] * (h[p] . w2[e])                  (_decode_down, Q3_K; _sum_slots adds a token's K*S parts)
 
 Each program owns BR output rows of one pair and walks its reduction one whole 256-weight super-block per
-iteration: the activation slice is loaded once as [16, 16] (sub-block, position) with its 16 sub-block sums, and
-every row's contribution is the factored integer-code dot of kernels/quant/kdot.py (the codes become floats by the
-mantissa trick, no per-weight conversion; the sub-block scales are applied per row). ~3 ALU ops per weight for
-Q2_K and ~5 for Q3_K, against ~8-12 when dequantizing each weight first.
+iteration (kernels/quant/kdot.py): the activation slice is loaded once per program and broadcast over the rows, each
+row's code bytes once, the codes become floats by the mantissa trick (no I2F), the sub-block scale and min enter
+as one FMA per weight and a second FMA accumulates w*x; rows are reduced once, after the loop. Offline SASS
+(sm_90a, triton 3.9, Kimi-Linear T = 1; the loop body over the 32 weights a thread handles per iteration, loads,
+addressing and per-sub-block scales included): ~8 instructions per weight in _decode_up (Q2_K; 2 are FFMA) and ~12
+in _decode_down (Q3_K), against ~21 and ~42 for the previous 32-weight dequantize-then-multiply chunks with an I2F
+per weight.
 Grids: programs over the flattened (pair, slice, row) outputs, so T = 1 already launches T*K*I/BR up programs and
 T*K*S*D/BR down programs (>= 1,024 at Kimi-Linear sizes). The slices split the reduction: S of I (down) and S1 of D
 (gate/up, the shared expert's few pairs) chosen so a grid reaches MIN_CTAS; their fp32 partials are summed in a
@@ -22,7 +25,7 @@ import triton.language as tl
 from spark_bench.kernels.common import INTERPRET, next_pow2
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.moe.slots import sum_slots
-from spark_bench.kernels.quant.kdot import activation_sums, subblock_offsets, superblock_dot
+from spark_bench.kernels.quant.kdot import row_sums, superblock_fma, superblock_offsets
 from spark_bench.kernels.quant.kquants import block_ptr
 
 # BR output rows per program (a program's rows share one pair when BR divides I / D). BR = 8 gives T*K*I/8 = 1024
@@ -60,9 +63,10 @@ def _flat_rows(LEN, ROWS, BR: tl.constexpr, SHARED: tl.constexpr):
 
 @triton.jit
 def _per_weight(v, SHARED: tl.constexpr):
-    """Per-row data v ([BR, 1], or a scalar when SHARED) shaped to broadcast against [., 16, 16] super-blocks."""
+    """Per-row data v ([BR, 1], or a scalar when SHARED) shaped to broadcast against [., 2, 4, 2, 16] super-blocks
+    (kernels/quant/kdot.py's layout)."""
     if not SHARED:
-        v = v[:, :, None]
+        v = v[:, :, None, None, None]
     return v
 
 
@@ -83,21 +87,22 @@ def _decode_up(x, ids, w13, h, P, S1, K, D, I, rb13, NB_SPLIT, BR: tl.constexpr,
     flattened, fp32 h. PARTS (S1 > 1 slices of NB_SPLIT super-blocks of D): the gate and up dots of slice s go out
     as partials h[p*S1 + s] = [gate | up] ([P*S1, 2I]), finished by _decode_down."""
     r, ok, ps, n = _flat_rows(I, P * S1 * I, BR, SHARED)
-    ok3 = ok[:, :, None]
+    ok3 = ok[:, :, None, None, None]
     p = ps // S1
     b0 = ps % S1 * NB_SPLIT
     e = _row_load(ids + p, ok, SHARED).to(tl.int64)
     gate_rows = w13 + (e * 2 * I + n) * rb13
     up_rows = gate_rows + I * rb13
-    x_row = x + _per_weight((p // K) * D, SHARED) + subblock_offsets()
+    x_row = x + _per_weight((p // K) * D, SHARED) + superblock_offsets()
     x_b0 = _per_weight(b0, SHARED)
-    acc_g = tl.zeros([BR, 1], dtype=tl.float32)
-    acc_u = tl.zeros([BR, 1], dtype=tl.float32)
+    acc_g = tl.zeros([BR, 2, 2, 16], dtype=tl.float32)
+    acc_u = tl.zeros([BR, 2, 2, 16], dtype=tl.float32)
     for j in range(0, NB_SPLIT):
         xv = _row_load(x_row + (x_b0 + j) * 256, ok3, SHARED).to(tl.float32)
-        xs = activation_sums(xv)
-        acc_g += superblock_dot(block_ptr(gate_rows, b0 + j, False), ok, xv, xs, False)
-        acc_u += superblock_dot(block_ptr(up_rows, b0 + j, False), ok, xv, xs, False)
+        acc_g = superblock_fma(block_ptr(gate_rows, b0 + j, False), ok, xv, acc_g, False)
+        acc_u = superblock_fma(block_ptr(up_rows, b0 + j, False), ok, xv, acc_u, False)
+    acc_g = row_sums(acc_g)
+    acc_u = row_sums(acc_u)
     if PARTS:
         row = h + ps * 2 * I + n
         tl.store(row, acc_g, mask=ok)
@@ -128,17 +133,18 @@ def _decode_down(h, ids, weights, w2, part, P, S, S1, D, I, rb2, NB_SPLIT, BR: t
     """part[p*S + s, n] = weights[p] * (h[p] . w2[e, n]) over super-blocks s*NB_SPLIT .. (s+1)*NB_SPLIT - 1 of I
     (S * NB_SPLIT = I / 256); rows (p*S + s, n) flattened, fp32 partials (summed per token by _sum_slots)."""
     r, ok, ps, n = _flat_rows(D, P * S * D, BR, SHARED)
-    ok3 = ok[:, :, None]
+    ok3 = ok[:, :, None, None, None]
     p = ps // S
     b0 = ps % S * NB_SPLIT
     e = _row_load(ids + p, ok, SHARED).to(tl.int64)
     wt = _row_load(weights + p, ok, SHARED)
     rows = w2 + (e * D + n) * rb2
     p3, h_b0 = _per_weight(p, SHARED), _per_weight(b0, SHARED)
-    acc = tl.zeros([BR, 1], dtype=tl.float32)
+    acc = tl.zeros([BR, 2, 2, 16], dtype=tl.float32)
     for j in range(0, NB_SPLIT):
-        hv = _h_block(h, p3, (h_b0 + j) * 256 + subblock_offsets(), ok3, I, S1, SHARED, PARTS)
-        acc += superblock_dot(block_ptr(rows, b0 + j, True), ok, hv, activation_sums(hv), True)
+        hv = _h_block(h, p3, (h_b0 + j) * 256 + superblock_offsets(), ok3, I, S1, SHARED, PARTS)
+        acc = superblock_fma(block_ptr(rows, b0 + j, True), ok, hv, acc, True)
+    acc = row_sums(acc)
     tl.store(part + r, acc * wt, mask=ok)
 
 
