@@ -24,6 +24,7 @@ import triton.language as tl
 from spark_bench.kernels.common import INTERPRET, next_pow2, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_output_dtype
+from spark_bench.kernels.kda.recurrent_decode import delta_step, state_tile
 
 # As recurrent_decode.py: BV = 32 at 4 warps ([128, 32] fp32 state tile, 32 registers a thread); N <= 2: BV = 16 for
 # twice the programs. The conv windows add [K, W] x 2 + [BV, W] loads per program.
@@ -56,28 +57,16 @@ def _conv_channels(x, pool, weight, slot, i_n, ch, m_ch, D, W: tl.constexpr, BW:
 def _conv_recurrent_decode(qkv, conv_pool, conv_w, g, beta, A_log, dt_bias, o, state_pool, slots, scale, D,
                            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, BK: tl.constexpr,
                            BV: tl.constexpr, BW: tl.constexpr, INTERPRET: tl.constexpr):
-    i_n = tl.program_id(0).to(tl.int64)
-    i_h = tl.program_id(1)
-    i_v = tl.program_id(2)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    conv_slot = tl.load(slots + i_n).to(tl.int64)
-    b_q = _conv_channels(qkv, conv_pool, conv_w, conv_slot, i_n, i_h * K + o_k, m_k, D, W, BW)
-    b_k = _conv_channels(qkv, conv_pool, conv_w, conv_slot, i_n, (H + i_h) * K + o_k, m_k, D, W, BW)
-    b_v = _conv_channels(qkv, conv_pool, conv_w, conv_slot, i_n, 2 * H * K + i_h * V + o_v, m_v, D, W, BW)
+    i_n, i_h, slot, o_k, o_v, m_k, m_v, offs_s, mask_s = state_tile(slots, H, K, V, BK, BV)
+    b_q = _conv_channels(qkv, conv_pool, conv_w, slot, i_n, i_h * K + o_k, m_k, D, W, BW)
+    b_k = _conv_channels(qkv, conv_pool, conv_w, slot, i_n, (H + i_h) * K + o_k, m_k, D, W, BW)
+    b_v = _conv_channels(qkv, conv_pool, conv_w, slot, i_n, 2 * H * K + i_h * V + o_v, m_v, D, W, BW)
     b_q = l2_normalize_rows(tl.where(m_k, b_q, 0.0), True)
     b_k = l2_normalize_rows(tl.where(m_k, b_k, 0.0), True)
     b_g = kda_decay(tl.load(g + (i_n * H + i_h) * K + o_k, mask=m_k, other=0.0).to(tl.float32), A_log, dt_bias,
                     i_h, o_k, m_k, K)
     b_beta = tl.sigmoid(tl.load(beta + i_n * H + i_h).to(tl.float32))
-    offs_s = ((conv_slot * H + i_h) * K + o_k[:, None]) * V + o_v[None, :]
-    mask_s = m_k[:, None] & m_v[None, :]
-    S = tl.load(state_pool + offs_s, mask=mask_s, other=0.0) * tl.exp(b_g)[:, None]
-    b_u = b_beta * (b_v - tl.sum(b_k[:, None] * S, 0))
-    S = S + b_k[:, None] * b_u[None, :]
-    b_o = tl.sum((b_q * scale)[:, None] * S, 0)
+    S, b_o = delta_step(tl.load(state_pool + offs_s, mask=mask_s, other=0.0), b_q, b_k, b_v, b_g, b_beta, scale)
     tl.store(o + (i_n * H + i_h) * V + o_v, to_output_dtype(b_o, o, INTERPRET), mask=m_v)
     tl.store(state_pool + offs_s, S, mask=mask_s)
 

@@ -27,21 +27,37 @@ CONFIGS = declare(ConfigSpace(
 
 
 @triton.jit
+def state_tile(slots, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """The [K, BV] state tile of a program of grid (N, H, V/BV): (sequence, head, its pool slot, K and V offsets
+    and masks, the tile's offsets in a [S, H, K, V] pool and its mask)."""
+    i_n = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1)
+    o_k = tl.arange(0, BK)
+    o_v = tl.program_id(2) * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    slot = tl.load(slots + i_n).to(tl.int64)
+    offs_s = ((slot * H + i_h) * K + o_k[:, None]) * V + o_v[None, :]
+    return i_n, i_h, slot, o_k, o_v, m_k, m_v, offs_s, m_k[:, None] & m_v[None, :]
+
+
+@triton.jit
+def delta_step(S, b_q, b_k, b_v, b_g, b_beta, scale):
+    """One token of the gated delta rule on a [K, BV] fp32 state tile: S *= exp(g); u = beta (v - k S);
+    S += k u^T; o = scale q S. Returns (S, o [BV])."""
+    S = S * tl.exp(b_g)[:, None]
+    b_u = b_beta * (b_v - tl.sum(b_k[:, None] * S, 0))
+    S = S + b_k[:, None] * b_u[None, :]
+    return S, tl.sum((b_q * scale)[:, None] * S, 0)
+
+
+@triton.jit
 def _recurrent_decode(q, k, v, g, beta, A_log, dt_bias, o, pool, slots, scale, sq_n, sq_t, sk_n, sk_t, sv_n, sv_t,
                       T: tl.constexpr,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       L2NORM: tl.constexpr, GATE: tl.constexpr, BETA_SIGMOID: tl.constexpr,
                       INTERPRET: tl.constexpr):
-    i_n = tl.program_id(0).to(tl.int64)
-    i_h = tl.program_id(1)
-    i_v = tl.program_id(2)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    slot = tl.load(slots + i_n).to(tl.int64)
-    offs_s = ((slot * H + i_h) * K + o_k[:, None]) * V + o_v[None, :]
-    mask_s = m_k[:, None] & m_v[None, :]
+    i_n, i_h, slot, o_k, o_v, m_k, m_v, offs_s, mask_s = state_tile(slots, H, K, V, BK, BV)
     S = tl.load(pool + offs_s, mask=mask_s, other=0.0)
     for t in tl.static_range(T):
         row = (i_n * T + t) * H + i_h  # of the contiguous g, beta and o
@@ -56,10 +72,7 @@ def _recurrent_decode(q, k, v, g, beta, A_log, dt_bias, o, pool, slots, scale, s
         if BETA_SIGMOID:
             b_beta = tl.sigmoid(b_beta)
         b_v = tl.load(v + i_n * sv_n + t * sv_t + i_h * V + o_v, mask=m_v, other=0.0).to(tl.float32)
-        S = S * tl.exp(b_g)[:, None]
-        b_u = b_beta * (b_v - tl.sum(b_k[:, None] * S, 0))
-        S = S + b_k[:, None] * b_u[None, :]
-        b_o = tl.sum((b_q * scale)[:, None] * S, 0)
+        S, b_o = delta_step(S, b_q, b_k, b_v, b_g, b_beta, scale)
         tl.store(o + row * V + o_v, to_output_dtype(b_o, o, INTERPRET), mask=m_v)
     tl.store(pool + offs_s, S, mask=mask_s)
 
