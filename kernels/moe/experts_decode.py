@@ -38,6 +38,9 @@ DOWN_CONFIGS = declare(ConfigSpace(
     doc="BN rows of w2 per program, BK columns of I per step (BK * BP <= TILE), I split until MIN_CTAS programs"))
 
 
+PARTS_BUDGET = 32  # slices of D x slots: bounds the partials' re-reads (see decode)
+
+
 @triton.jit
 def _group(topk_ids, p, P, BP: tl.constexpr):
     """(leads, e, o_q, in_group): slot p's expert, whether p is its first slot, and the slots routed to it."""
@@ -143,10 +146,10 @@ def down_split(P: int, D: int, I: int, BN: int, BK: int, min_ctas: int) -> tuple
     return triton.cdiv(I, i_split), i_split
 
 
-def up_split(P: int, D: int, I: int, BN: int, min_ctas: int) -> tuple[int, int]:
+def up_split(P: int, D: int, I: int, BN: int, min_ctas: int, max_slices: int = 64) -> tuple[int, int]:
     """(S1, D_SPLIT): slices of D (D_SPLIT a multiple of 64, rounded down so S1 reaches the want) giving
-    P*S1*cdiv(I, BN) >= min_ctas programs where D allows."""
-    want = max(1, min(triton.cdiv(D, 64), triton.cdiv(min_ctas, P * triton.cdiv(I, BN))))
+    P*S1*cdiv(I, BN) >= min_ctas programs where D and max_slices allow."""
+    want = max(1, min(triton.cdiv(D, 64), max_slices, triton.cdiv(min_ctas, P * triton.cdiv(I, BN))))
     d_split = max(64, D // want // 64 * 64) if want > 1 else D
     return triton.cdiv(D, d_split), d_split
 
@@ -169,7 +172,10 @@ def decode(x, topk_ids, topk_weights, w13, w2, split_i: int | None = None, split
     meta, options = split(SWIGLU_CONFIGS.pick(P=P, D=D, I=I))
     BN, BK = (_block(I, 128), _block(D, 256) if split_d is None else 16) if INTERPRET else (meta["BN"],
                                                                                           _step(meta, BP))
-    S1, d_split = (1, D) if INTERPRET else up_split(min(P, E), D, I, BN, meta["MIN_CTAS"])
+    # every down program re-reads its slice of the S1 partials for all P slots (cdiv(D, BN) * S1 * I * P * 8 B of
+    # L2 reads in all): S1 * P <= PARTS_BUDGET keeps that within ~3x the weights at Kimi-Linear sizes
+    S1, d_split = (1, D) if INTERPRET else up_split(min(P, E), D, I, BN, meta["MIN_CTAS"],
+                                                    max(1, PARTS_BUDGET // P))
     if split_d is not None:
         S1, d_split = triton.cdiv(D, split_d), split_d
     if S1 > 1:
