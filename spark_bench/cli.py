@@ -15,6 +15,7 @@ from spark_bench.console import console, failures_table, results_table, summary_
 from spark_bench.devices import check_device, default_device
 from spark_bench.history.cli import history
 from spark_bench.kernelgate.cli import kernels
+from spark_bench.kernelgate.traffic import traffic_cmd
 from spark_bench.options import check_run_options, refuse_sweep_options_with_resume, sweep_options, sweep_spec
 from spark_bench.report.cli import compare, report
 from spark_bench.sweep import UsageError
@@ -214,5 +215,6 @@ for _command in (report, compare, calibrate, profile):  # the commands of the re
     main.add_command(_command)
 main.add_command(history)  # spark_bench/history: the performance history across runs and commits
 main.add_command(kernels)  # spark_bench/kernelgate: the offline GPU compile gate
+main.add_command(traffic_cmd)  # spark_bench/kernelgate/traffic.py: bytes per kernel, counted in the interpreter
 main.add_command(tune)  # spark_bench/tune: the best config of each declared kernel on this device
 main.add_command(tuned)

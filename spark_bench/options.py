@@ -57,8 +57,8 @@ def sweep_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options that choose a sweep's cases, shared by `run` and `tune` (their values go to `sweep_spec`)."""
     options = [
         click.option("--op", "ops", multiple=True, help="Op name or glob (repeatable), e.g. 'kda.*'. Default: all."),
-        click.option("--backend", "backends", multiple=True, help="Backend name (repeatable). Default: every "
-                     "default one."),
+        click.option("--backend", "backends", multiple=True, help="Backend name or glob (repeatable), e.g. "
+                     "'triton*'. Default: every default one."),
         click.option("--preset", default=None, help="Named model shape set, e.g. kimi-linear."),
         click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Sweep these values of an axis."),
         click.option("--dtype", "dtypes", multiple=True, help="bf16, fp16, fp32 (repeatable or comma-separated)."),

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import random
 from collections.abc import Sequence
+from fnmatch import fnmatchcase
 from typing import Any
 
 from spark_bench.dtypes import DTYPES, canonical_dtype
@@ -140,7 +141,7 @@ def validate(reg: Registry, spec: SweepSpec) -> list[Op]:
             raise UsageError(f"unknown preset {spec.preset!r}; the selected ops have: {', '.join(have) or '(none)'}")
     all_backends = sorted({b for op in ops for b in op.backends})
     for name in spec.backends:
-        if name not in all_backends:
+        if not any(fnmatchcase(b, name) for b in all_backends):
             raise UsageError(f"unknown backend {name!r}; the selected ops have: {', '.join(all_backends)}")
     if spec.dtypes and not any(set(spec.dtypes) & set(op.dtypes) for op in ops):
         have = sorted({d for op in ops for d in op.dtypes}, key=DTYPES.index)
@@ -159,9 +160,15 @@ def _probe(reg: Registry, ops: Sequence[Op], spec: SweepSpec) -> dict[tuple[str,
 
     registry_module = sys.modules["spark_bench.registry"]  # (spark_bench.registry the name is also a function)
 
-    chosen = [(op.name, b) for op in ops for name, b in op.backends.items()
-              if (name in spec.backends if spec.backends else b.default)]
+    chosen = [(op.name, b) for op in ops for b in selected_backends(op, spec)]
     return probe_backends(chosen, spec.device, isolate=reg is registry_module._REGISTRY)
+
+
+def selected_backends(op: Op, spec: SweepSpec) -> list:
+    """The op's backends that --backend names (names or globs, e.g. 'triton*'), else its default ones."""
+    if not spec.backends:
+        return [b for b in op.backends.values() if b.default]
+    return [b for name, b in op.backends.items() if any(fnmatchcase(name, pattern) for pattern in spec.backends)]
 
 
 def build_cases(reg: Registry, spec: SweepSpec, notes: list[str] | None = None) -> list[Case]:
@@ -176,7 +183,7 @@ def build_cases(reg: Registry, spec: SweepSpec, notes: list[str] | None = None) 
     for op in ops:
         if spec.preset is not None and spec.preset not in op.presets:
             continue
-        backends = [b for name, b in op.backends.items() if (name in spec.backends if spec.backends else b.default)]
+        backends = selected_backends(op, spec)
         reasons = {b.name: probed[(op.name, b.name)] for b in backends}
         points = op.points({**_typed_overrides(op, spec.overrides), **fixed.get(op.name, {})}, quick=spec.quick,
                            preset=spec.preset)

@@ -1,0 +1,192 @@
+"""Bytes each Triton kernel moves, counted from its loads and stores in Triton's interpreter (a model, not a
+measurement): `spark-bench kernels --traffic`.
+
+Every masked-in element of every `tl.load` / `tl.store` (and atomic) of a launch is counted twice over:
+- `issued`: each access, as often as the kernel makes it. What the SMs ask of L1/L2: a tile re-read by many programs
+  is counted each time.
+- `unique`: the distinct bytes of the launch. What DRAM would serve if L2 kept everything a launch touches: the
+  floor of the launch's DRAM traffic.
+A GPU's DRAM traffic lies between the two (nearer `unique` when the re-reads are close in time, as in a grouped tile
+order). Both are compared with the op's cost model (its minimum bytes). The wrappers' interpreter widening
+(`kernels.common.WIDEN_WHEN_INTERPRETING`) is switched off while counting, so the kernels run with the block sizes
+and grids they would launch on the GPU (their declared configs); an interpreter-only branch that changes what a
+kernel loads would be counted as the interpreter runs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import click
+import numpy as np
+
+from spark_bench.sweep import UsageError
+
+
+@dataclasses.dataclass
+class KernelTraffic:
+    kernel: str
+    launches: int = 0
+    read_issued: int = 0
+    read_unique: int = 0
+    written_issued: int = 0
+    written_unique: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class _Launch:
+    """The addresses one launch touched, per element size."""
+
+    def __init__(self) -> None:
+        self.read: dict[int, list[np.ndarray]] = {}
+        self.written: dict[int, list[np.ndarray]] = {}
+
+    @staticmethod
+    def add(into: dict[int, list[np.ndarray]], ptrs: np.ndarray, mask: np.ndarray | None, itemsize: int) -> int:
+        addresses = ptrs[mask] if mask is not None else ptrs.reshape(-1)
+        into.setdefault(itemsize, []).append(np.asarray(addresses, dtype=np.uint64).reshape(-1))
+        return int(addresses.size) * itemsize
+
+    @staticmethod
+    def unique_bytes(touched: dict[int, list[np.ndarray]]) -> int:
+        return sum(int(np.unique(np.concatenate(parts)).size) * size for size, parts in touched.items() if parts)
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[dict[str, KernelTraffic]]:
+    """Count the traffic of every interpreted launch inside the block: {kernel name: KernelTraffic}."""
+    import triton.runtime.interpreter as interp
+
+    from spark_bench.kernels import common
+
+    builder, executor = interp.InterpreterBuilder, interp.GridExecutor
+    saved = {name: getattr(builder, name) for name in ("create_masked_load", "create_masked_store",
+                                                       "create_atomic_rmw", "create_atomic_cas")}
+    saved_call, saved_widen = executor.__call__, common.WIDEN_WHEN_INTERPRETING
+    totals: dict[str, KernelTraffic] = {}
+    current: list[tuple[KernelTraffic, _Launch]] = []
+
+    def itemsize(handle) -> int:
+        return interp._get_np_dtype(handle.get_element_ty()).itemsize
+
+    def masked_load(self, ptrs, mask, *args, **kwargs):
+        if current:
+            row, launch = current[-1]
+            row.read_issued += launch.add(launch.read, ptrs.data, mask.data, itemsize(ptrs))
+        return saved["create_masked_load"](self, ptrs, mask, *args, **kwargs)
+
+    def masked_store(self, ptrs, value, mask, *args, **kwargs):
+        if current:
+            row, launch = current[-1]
+            row.written_issued += launch.add(launch.written, ptrs.data, mask.data, itemsize(ptrs))
+        return saved["create_masked_store"](self, ptrs, value, mask, *args, **kwargs)
+
+    def atomic(name):
+        def counted(self, *args, **kwargs):
+            ptrs = next(a for a in args if hasattr(a, "get_element_ty") and hasattr(a, "data"))
+            mask = kwargs.get("mask", args[-3] if name == "create_atomic_rmw" else None)
+            if current:
+                row, launch = current[-1]
+                m = getattr(mask, "data", None)
+                row.read_issued += launch.add(launch.read, ptrs.data, m, itemsize(ptrs))
+                row.written_issued += launch.add(launch.written, ptrs.data, m, itemsize(ptrs))
+            return saved[name](self, *args, **kwargs)
+        return counted
+
+    def call(self, *args, **kwargs):
+        name = getattr(self.fn, "__name__", "kernel")
+        row = totals.setdefault(name, KernelTraffic(name))
+        row.launches += 1
+        launch = _Launch()
+        current.append((row, launch))
+        try:
+            return saved_call(self, *args, **kwargs)
+        finally:
+            current.pop()
+            row.read_unique += launch.unique_bytes(launch.read)
+            row.written_unique += launch.unique_bytes(launch.written)
+
+    builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
+    builder.create_atomic_rmw, builder.create_atomic_cas = atomic("create_atomic_rmw"), atomic("create_atomic_cas")
+    executor.__call__ = call
+    common.WIDEN_WHEN_INTERPRETING = False
+    try:
+        yield totals
+    finally:
+        for name, fn in saved.items():
+            setattr(builder, name, fn)
+        executor.__call__ = saved_call
+        common.WIDEN_WHEN_INTERPRETING = saved_widen
+
+
+def traffic_of(op, backend: str, params: dict[str, Any], dtype: str, seed: int = 0) -> dict[str, Any]:
+    """Run `backend` of `op` once on CPU inputs under the interpreter and count each kernel's bytes; with the cost
+    model's bytes at the same point. The process must interpret Triton (TRITON_INTERPRET=1 before triton loads)."""
+    from spark_bench.check import clone_inputs
+
+    inputs = op.make_inputs(params, device="cpu", dtype=dtype, seed=seed)
+    with counting() as kernels:
+        op.backends[backend].fn(**clone_inputs(inputs))
+    rows = sorted(kernels.values(), key=lambda r: -(r.read_unique + r.written_unique))
+    issued = sum(r.read_issued + r.written_issued for r in rows)
+    unique = sum(r.read_unique + r.written_unique for r in rows)
+    model = op.cost(params, dtype).bytes
+    return {"op": op.name, "backend": backend, "params": params, "dtype": dtype,
+            "kernels": [r.to_dict() for r in rows], "issued_bytes": issued, "unique_bytes": unique,
+            "model_bytes": model, "unique_over_model": unique / model if model else None,
+            "issued_over_model": issued / model if model else None}
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.3g}"
+
+
+@click.command("traffic")
+@click.option("--op", "ops", multiple=True, required=True, help="Op name or glob (repeatable).")
+@click.option("--backend", "backends", multiple=True, default=("triton*",), show_default=True,
+              help="Backends (globs) whose kernels are counted.")
+@click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2",
+              help="Override an axis, as for `run` (the default points are the quick sweep's: the interpreter runs "
+                   "every program in Python, so keep them small).")
+@click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def traffic_cmd(ops, backends, sets, dtypes, seed, as_json) -> None:
+    """Bytes each Triton kernel loads and stores, counted in the interpreter on CPU inputs, against the op's cost
+    model (a model of DRAM traffic, not a measurement): `unique` = distinct bytes per launch (the floor, as if L2
+    kept everything), `issued` = every access."""
+    from spark_bench import triton_env
+    from spark_bench.session import Session
+    from spark_bench.sweep import SweepSpec, parse_set
+
+    triton_env.configure("cpu")
+    if not triton_env.interpreting():
+        raise UsageError("traffic counts in Triton's interpreter: unset TRITON_INTERPRET=0")
+    spec = SweepSpec(ops=list(ops), backends=list(backends), overrides=dict(parse_set(s) for s in sets),
+                     dtypes=list(dtypes), quick=True, device="cpu", seed=seed)
+    from spark_bench.registry import registry
+
+    reg = registry()
+    rows = []
+    for case in Session._cases(spec):
+        if case.skip:
+            continue
+        rows.append(traffic_of(reg.get(case.op), case.backend, case.params, case.dtype, seed=seed))
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    for r in rows:
+        params = " ".join(f"{k}={v}" for k, v in r["params"].items())
+        click.echo(f"{r['op']} {r['backend']} {params} {r['dtype']}: unique {_mb(r['unique_bytes'])} MB = "
+                   f"{r['unique_over_model']:.3g}x the cost model's {_mb(r['model_bytes'])} MB; issued "
+                   f"{_mb(r['issued_bytes'])} MB = {r['issued_over_model']:.3g}x")
+        for k in r["kernels"]:
+            click.echo(f"  {k['kernel']:<32} x{k['launches']:<3} read {_mb(k['read_unique'])} MB unique / "
+                       f"{_mb(k['read_issued'])} issued, written {_mb(k['written_unique'])} / "
+                       f"{_mb(k['written_issued'])}")
