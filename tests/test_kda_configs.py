@@ -38,7 +38,6 @@ CASES = {
     "kda.short_conv._short_conv_decode": ("kda.short_conv_decode", {"batch": 3, "heads": 3, "head_dim": 60}),
     "kda.short_conv._short_conv_prefill": ("kda.short_conv", {"batch": 1, "seq_len": 1, "varlen": "tiny5",
                                                                "heads": 3, "head_dim": 20}),
-    "kda.chunk_prep._chunk_cumsum": CHUNK,
     "kda.chunk_intra._chunk_intra": CHUNK,
     "kda.chunk_state._chunk_state": CHUNK,
     "kda.chunk_output._chunk_output": CHUNK,

@@ -1,45 +1,70 @@
-"""KDA chunk stage 1 (chunk-parallel): per chunk of BT = 64 tokens and head, in four row blocks of BC = 16,
+"""KDA chunk stage 1 (chunk-parallel): per chunk of BT = 64 tokens and head, the chunk-local decay and, in four row
+blocks of BC = 16,
 
+    G = cumsum(g) (the gate fused: g may be the raw logits),
     A_qk[i, j] = scale * sum_d q_i k_j exp(G_i - G_j)  (j <= i),  L[i, j] = beta_i sum_d k_i k_j exp(G_i - G_j)  (j < i)
     W = (I + L)^-1 Diag(beta) (exp(G) * K),   U = (I + L)^-1 Diag(beta) V   (the UT transform)
 
-and the operands of stage 2: Qd = scale * q * exp(G), Kd = k * exp(G_last - G). G is the chunk-local cumsum.
-q, k and v are read through their token strides (heads and channels contiguous): the block's views of the conv
-output are not copied.
+and the operands of stages 2-3: Qd = scale * q * exp(G), Kd = k * exp(G_last - G). G is written once in fp32 (the
+state pass reads its last row); W, U, Qd, Kd and A_qk are bf16 for 16-bit inputs (fp32 for fp32 inputs). Qd is
+stored rather than formed in the output kernel from q and G: 2 B written and read per element against the 6 B of
+reading q and fp32 G there. q, k and v are read through their token strides (the block's views of the conv
+output are not copied).
 
 Overflow (kda.md pitfall 4): exp(G_i - G_j) is never split at the chunk start. Off-diagonal blocks split it at the
 row block's first token r: (q_i exp(G_i - G_r)) . (k_j exp(G_r - G_j)) with j < r <= i, both factors <= 1; the
 16 x 16 diagonal blocks take the exact pairwise form. The solve is block forward substitution: each row block
-reads the W, U rows of earlier blocks back from memory (written by this program, behind a barrier) and applies
-the inverse of its unit-lower diagonal block (row-by-row substitution on 16 x 16).
-Dot operands are fp32 (tf32 tensor cores for 16-bit inputs, IEEE for fp32): the decay-scaled operands lose too
-much in bf16, and the interpreter's bf16 dot is broken anyway (kernels/common.py).
+reads the W, U rows of earlier blocks back (written by this program, behind a barrier; L1/L2 hits), merges them
+with tensor-core dots, and applies the inverse of its unit-lower diagonal block, found by exact fp32 forward
+substitution in registers (row by row, vector ops: no rounding of the inverse to tf32 or bf16).
+Dot operands are fp32 (tf32 tensor cores for 16-bit inputs, IEEE for fp32): the interpreter's bf16 dot is broken
+(kernels/common.py), and the decay-scaled operands are formed in fp32 anyway.
 """
 
 import triton
 import triton.language as tl
 from spark_bench.kernels.common import widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
-from spark_bench.kernels.kda.chunk_prep import l2_normalize_rows, to_output_dtype
+from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_output_dtype
 
-# BKD: the K slice of the pairwise diagonal products ([BC, BC, BKD] tiles). 16 x 8 warps, 1 stage: ~206 registers
-# and no spills on sm_90a for the tf32 and the fp32 (IEEE, CUDA-core) paths; 2-3 stages spill on the fp32 path.
+# BKD: the K slice of the pairwise diagonal products ([BC, BC, BKD] tiles); elem: the input's element bytes.
+# 16-bit inputs: 4 warps, 212-244 registers, 2 CTAs per SM on sm_90a. fp32 inputs (IEEE dots on CUDA cores) spill
+# 12-32 B at 4 warps and 472 B with tf32x3: they keep 8 warps, 1 CTA per SM.
 CONFIGS = declare(ConfigSpace(
-    "kda.chunk_intra._chunk_intra", key=("K", "V", "dtype"),
+    "kda.chunk_intra._chunk_intra", key=("K", "V", "elem"),
     default={"BKD": 16, "num_warps": 8, "num_stages": 1},
-    candidates=[{"BKD": 16, "num_warps": 4, "num_stages": 1}, {"BKD": 32, "num_warps": 8, "num_stages": 2}]))
+    buckets=[({"elem": 2}, {"BKD": 8, "num_warps": 4, "num_stages": 1})],
+    candidates=[{"BKD": 16, "num_warps": 4, "num_stages": 1}, {"BKD": 32, "num_warps": 8, "num_stages": 1}]))
 
 
 @triton.jit
-def _unit_lower_inverse(L, BC: tl.constexpr, PREC: tl.constexpr):
-    """(I + L)^-1 of a strictly lower-triangular [BC, BC] tile by the iteration X <- I - L X: row i only reads
-    rows j < i, so row i is final (and stays bit-identical) after i steps, as in forward substitution."""
+def _unit_lower_inverse(L, BC: tl.constexpr):
+    """(I + L)^-1 of a strictly lower-triangular [BC, BC] tile by fp32 forward substitution: row i of X is
+    e_i - sum_{j<i} L_ij X_j; rows below i are still identity rows then, and L_ij = 0 for j >= i."""
     o = tl.arange(0, BC)
-    eye = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
-    X = eye
-    for _ in range(BC - 1):  # a runtime loop: unrolled, its 15 dependent dots cost minutes of compile time
-        X = eye - tl.dot(L, X, input_precision=PREC)
+    X = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
+    for i in range(1, BC):  # a runtime loop of vector ops
+        l_i = tl.sum(tl.where(o[:, None] == i, L, 0.0), 0)  # row i of L, indexed by column j
+        x_i = tl.where(o == i, 1.0, 0.0) - tl.sum(l_i[:, None] * X, 0)
+        X = tl.where(o[:, None] == i, x_i[None, :], X)
     return X
+
+
+@triton.jit
+def _chunk_decay(g, A_log, dt_bias, gcum, start, end, i_h, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                 BK: tl.constexpr, BKG: tl.constexpr, GATE: tl.constexpr):
+    """G = cumsum of the chunk's decay (the gate applied first when GATE), stored fp32 into gcum, in column slices
+    of BKG (a [64, 128] scan at 4 warps alone takes ~195 registers)."""
+    rows = start + tl.arange(0, BT)
+    for k0 in range(0, BK, BKG):
+        o_k = k0 + tl.arange(0, BKG)
+        m_k = o_k < K
+        mask = (rows < end)[:, None] & m_k[None, :]
+        offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
+        b_g = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)
+        if GATE:
+            b_g = tl.where(mask, kda_decay(b_g, A_log, dt_bias, i_h, o_k[None, :], m_k[None, :], K), 0.0)
+        tl.store(gcum + offs, tl.cumsum(b_g, axis=0), mask=mask)
 
 
 @triton.jit
@@ -65,10 +90,10 @@ def _diag_block(q, k, gcum, sq, sk, rows, m_r, n_q, n_k, i_h, H: tl.constexpr, K
 
 
 @triton.jit
-def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk, scale, sq, sk, sv,
-                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                 BK: tl.constexpr, BV: tl.constexpr, BKD: tl.constexpr,
-                 L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr):
+def _chunk_intra(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, gcum, w, u, qd, kd, aqk, scale, sq, sk,
+                 sv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                 BK: tl.constexpr, BV: tl.constexpr, BKD: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr,
+                 BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr):
     """Row blocks i_b and, inside, earlier row blocks j_b are runtime loops over [BC, *] tiles: unrolled over whole
     [BT, BK] tiles, the kernel held 255 registers x 8 warps, spilled, and compiled for minutes."""
     i_c = tl.program_id(0)
@@ -77,6 +102,8 @@ def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk,
     end = tl.load(chunk_end + i_c).to(tl.int64)
     if start >= end:
         return
+    _chunk_decay(g, A_log, dt_bias, gcum, start, end, i_h, H, K, BT, BK, min(BK, 32), GATE)
+    tl.debug_barrier()  # the row blocks read G back
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
@@ -105,10 +132,14 @@ def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk,
             b_beta = tl.load(beta + rows * H + i_h, mask=m_r, other=0.0).to(tl.float32)
             if BETA_SIGMOID:
                 b_beta = tl.where(m_r, tl.sigmoid(b_beta), 0.0)
+            e_g = tl.exp(b_g)
+            tl.store(qd + offs_rk, to_output_dtype(b_q * e_g * scale, qd, INTERPRET), mask=mask_rk)
+            b_kd = b_k * tl.exp(tl.where(mask_rk, g_last[None, :] - b_g, 0.0))
+            tl.store(kd + offs_rk, to_output_dtype(b_kd, kd, INTERPRET), mask=mask_rk)
             mask_rv = m_r[:, None] & m_v[None, :]
             offs_rv = (rows[:, None] * H + i_h) * V + o_v[None, :]
             # block forward substitution: (I + L_bb) X_b = Diag(beta_b) rhs_b - sum_{j_b < i_b} L_b,j_b X_j_b
-            rhs_w = b_k * tl.exp(b_g) * b_beta[:, None]
+            rhs_w = b_k * e_g * b_beta[:, None]
             p_v = v + rows[:, None] * sv + i_h * V + o_v[None, :]
             rhs_u = tl.load(p_v, mask=mask_rv, other=0.0).to(tl.float32) * b_beta[:, None]
             # this block's rows against earlier blocks j < r: the decay split at r, both factors <= 1
@@ -137,33 +168,33 @@ def _chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk,
             d_qk = tl.where(o_c[:, None] >= o_c[None, :], d_qk * scale, 0.0)
             d_kk = tl.where(o_c[:, None] > o_c[None, :], d_kk * b_beta[:, None], 0.0)
             tl.store(aqk + offs_a + i_b * BC + o_c[None, :], to_output_dtype(d_qk, aqk, INTERPRET), mask=m_r[:, None])
-            inv = _unit_lower_inverse(d_kk, BC, PREC)
+            inv = _unit_lower_inverse(d_kk, BC)
             b_w = tl.dot(inv, rhs_w, input_precision=PREC)
             tl.store(w + offs_rk, to_output_dtype(b_w, w, INTERPRET), mask=mask_rk)
             tl.store(u + offs_rv, to_output_dtype(tl.dot(inv, rhs_u, input_precision=PREC), u, INTERPRET), mask=mask_rv)
-            tl.store(qd + offs_rk, to_output_dtype(b_q * tl.exp(b_g) * scale, qd, INTERPRET), mask=mask_rk)
-            b_kd = b_k * tl.exp(tl.where(mask_rk, g_last[None, :] - b_g, 0.0))
-            tl.store(kd + offs_rk, to_output_dtype(b_kd, kd, INTERPRET), mask=mask_rk)
             tl.debug_barrier()  # the next row block reads these W, U rows back
 
 
-def chunk_intra(q, k, v, beta, gcum, chunk_start, chunk_end, n_chunks, *, scale, BT, l2norm, beta_sigmoid, prec,
-                interpret):
-    """q, k [T, H, K], v [T, H, V] (rows may be strided), beta [T, H], gcum fp32 [T, H, K] -> (W, U, Qd, Kd,
-    A_qk [T, H, BT]): bf16 for 16-bit inputs, fp32 for fp32 inputs."""
+def chunk_intra(q, k, v, g, beta, chunk_start, chunk_end, n_chunks, *, scale, BT, l2norm, beta_sigmoid, prec,
+                interpret, gate=False, A_log=None, dt_bias=None):
+    """q, k [T, H, K], v [T, H, V] (rows may be strided), g [T, H, K] (the log decay, or the raw gate logits when
+    `gate`), beta [T, H] -> (G fp32 [T, H, K], W, U, Qd, Kd, A_qk [T, H, BT]): bf16 for 16-bit inputs, fp32 for
+    fp32 inputs."""
     import torch
 
     T, H, K = q.shape
     V = v.shape[-1]
     like = {"dtype": torch.float32 if q.dtype == torch.float32 else torch.bfloat16, "device": q.device}
+    gcum = torch.empty(T, H, K, dtype=torch.float32, device=q.device)
     w, qd, kd = (torch.empty(T, H, K, **like) for _ in range(3))
     u = torch.empty(T, H, V, **like)
     aqk = torch.empty(T, H, BT, **like)
     BK = max(16, triton.next_power_of_2(K))
-    meta, options = split(CONFIGS.pick(K=K, V=V, dtype=str(q.dtype)))
+    meta, options = split(CONFIGS.pick(K=K, V=V, elem=q.element_size()))
     meta["BKD"] = BK if widen() else min(BK, meta["BKD"])
     _chunk_intra[(n_chunks, H)](
-        q, k, v, beta, gcum, chunk_start, chunk_end, w, u, qd, kd, aqk, scale, q.stride(0), k.stride(0), v.stride(0),
-        H=H, K=K, V=V, BT=BT, BC=16, BK=BK, BV=max(16, triton.next_power_of_2(V)),
+        q, k, v, g, beta, A_log if gate else gcum, dt_bias if gate else gcum, chunk_start, chunk_end, gcum,
+        w, u, qd, kd, aqk, scale, q.stride(0), k.stride(0), v.stride(0),
+        H=H, K=K, V=V, BT=BT, BC=16, BK=BK, BV=max(16, triton.next_power_of_2(V)), GATE=gate,
         L2NORM=l2norm, BETA_SIGMOID=beta_sigmoid, PREC=prec, INTERPRET=interpret, **meta, **options)
-    return w, u, qd, kd, aqk
+    return gcum, w, u, qd, kd, aqk

@@ -1,23 +1,12 @@
-"""KDA chunk stage 0: the chunk-local cumulative decay G = cumsum(g) (fp32, natural log), with the gate fused.
-
-Also the small @triton.jit helpers the KDA cores share (fused gate, L2 norm on load, output rounding) and the
-varlen chunk table.
+"""What the KDA cores share: the small @triton.jit helpers (fused gate, L2 norm on load, output rounding, bf16 dot
+operands) and the varlen chunk table. The chunk-local cumsum of the decay is fused into chunk_intra.py.
 g is the log-space decay, or with GATE the raw gate: -exp(A_log[h]) * softplus(g + dt_bias[h*K + d]).
 """
 
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import round_bf16, softplus, widen
-from spark_bench.kernels.configs import ConfigSpace, declare, split
-
-# The cumsum runs along the tokens, so channels split freely: grid (chunks, H, K/BK). BK = K = 128 at 4 warps is
-# the [64, 128] fp32 tile of one chunk (146-211 registers, 2-3 CTAs/SM on sm_90a); BK = 64 halves the tile and
-# doubles the programs.
-CONFIGS = declare(ConfigSpace(
-    "kda.chunk_prep._chunk_cumsum", key=("H", "K"),
-    default={"BK": 128, "num_warps": 4},
-    candidates=[{"BK": 64, "num_warps": 4}, {"BK": 64, "num_warps": 2}, {"BK": 128, "num_warps": 8}]))
+from spark_bench.kernels.common import round_bf16, softplus
 
 
 @triton.jit
@@ -62,27 +51,6 @@ def dot_operand(x, DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
     return x
 
 
-@triton.jit
-def _chunk_cumsum(g, A_log, dt_bias, chunk_start, chunk_end, gcum, H: tl.constexpr, K: tl.constexpr,
-                  BT: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr):
-    i_c = tl.program_id(0)
-    i_h = tl.program_id(1)
-    i_k = tl.program_id(2)
-    start = tl.load(chunk_start + i_c).to(tl.int64)
-    end = tl.load(chunk_end + i_c).to(tl.int64)
-    if start >= end:
-        return
-    rows = start + tl.arange(0, BT)
-    o_k = i_k * BK + tl.arange(0, BK)
-    m_k = o_k < K
-    mask = (rows < end)[:, None] & m_k[None, :]
-    offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
-    b_g = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)
-    if GATE:
-        b_g = tl.where(mask, kda_decay(b_g, A_log, dt_bias, i_h, o_k[None, :], m_k[None, :], K), 0.0)
-    tl.store(gcum + offs, tl.cumsum(b_g, axis=0), mask=mask)
-
-
 def chunk_table(cu_seqlens: torch.Tensor, total: int, chunk: int):
     """(start, end, n, first) of every chunk of every sequence, computed on the device without a host sync: `n` =
     total // chunk + N is an upper bound of the chunk count; the spare entries have start == end (empty). A
@@ -100,17 +68,3 @@ def chunk_table(cu_seqlens: torch.Tensor, total: int, chunk: int):
     start = cu[seq] + (c - (last[seq] - n_chunks[seq])) * chunk
     end = torch.where(valid, cu[seq + 1], start)
     return start.to(torch.int32), end.to(torch.int32), n, (last - n_chunks).to(torch.int32)
-
-
-def chunk_cumsum(g, chunk_start, chunk_end, n_chunks, *, BT, A_log=None, dt_bias=None, gate=False):
-    """g [T, H, K] -> fp32 chunk-local cumsum of the decay (the gate applied first when `gate`)."""
-    T, H, K = g.shape
-    gcum = torch.empty(T, H, K, dtype=torch.float32, device=g.device)
-    dummy = gcum  # never read when GATE is off
-    full_k = max(16, triton.next_power_of_2(K))
-    meta, options = split(CONFIGS.pick(H=H, K=K))
-    meta["BK"] = full_k if widen() else min(meta["BK"], full_k)
-    _chunk_cumsum[(n_chunks, H, triton.cdiv(K, meta["BK"]))](
-        g, A_log if gate else dummy, dt_bias if gate else dummy, chunk_start, chunk_end, gcum,
-        H=H, K=K, BT=BT, GATE=gate, **meta, **options)
-    return gcum

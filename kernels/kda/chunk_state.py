@@ -87,8 +87,6 @@ def _chunk_state(w, u, kd, gcum, cu_seqlens, chunk_first, h0, h, ht,
     o_t = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
-    o_k1 = tl.arange(0, BKT)
-    o_k2 = BKT + o_k1
     state = i_n * H + i_h  # this sequence's and head's [K, V] matrix in h0 / ht
     if HAS_H0:
         S1 = _load_state(h0, state, 0, o_v, K, V, BKT)
