@@ -98,3 +98,19 @@ def test_routing_distributions():
     assert torch.equal(*fixed)
     uniform = [draw_topk_ids("uniform", T, E, K, generator("cpu", s), "cpu") for s in (0, 1)]
     assert not torch.equal(*uniform)
+
+
+@pytest.mark.parametrize("seed, tokens, experts, topk, bm, routing", [
+    (0, 700, 160, 8, 16, "zipf"), (1, 9, 256, 8, 64, "uniform"), (2, 333, 37, 1, 32, "worst")])
+def test_gpu_chunking(monkeypatch, seed, tokens, experts, topk, bm, routing):
+    """The GPU's chunk sizes (BN = 16384 // next_pow2(E)): many chunks (88 at 700 x 8 slots, E = 160), the prefix
+    over chunks in parallel per 16 experts, each scatter program writing its share of tile experts and sentinels;
+    or a single chunk (9 x 8 slots: one launch)."""
+    from spark_bench.kernels.moe import align
+
+    monkeypatch.setattr(align, "INTERPRET", False)
+    inputs = OP.make_inputs({"tokens": tokens, "experts": experts, "topk": topk, "block_m": bm, "routing": routing},
+                            seed=seed)
+    out = align.moe_align(inputs["topk_ids"], experts, bm)
+    assert_aligned(inputs["topk_ids"], experts, bm, out)
+    assert OP.compare(out, OP.reference(**inputs), inputs, "bf16")[1]

@@ -1,11 +1,16 @@
 """moe_align_block_size (vLLM's semantics): the T*K (token, slot) pairs grouped by expert, each expert's segment
 padded to a multiple of BLOCK_M with the sentinel T*K, the expert of every BLOCK_M tile, and the padded count.
 
-Three kernels over chunks of BN flat slots (slot s = t*K + k), order within an expert = slot order (stable):
+Chunks of BN flat slots (slot s = t*K + k); order within an expert = slot order (stable); no atomics.
+  one chunk (decode sizes, N <= BN): _align_scatter alone, ONE=True: it counts its chunk itself. One launch.
+  more chunks (prefill):
   _align_count    per-chunk expert histogram [chunks, BE]
-  _align_offsets  one program: per-chunk base per expert (prefix sum over chunks, BC chunks per step), padded
-                  segment starts, tile experts (-1 past the padded count), padded count
-  _align_scatter  sorted_ids[start[e] + base[chunk, e] + rank in chunk] = s
+  _align_prefix   per expert (BEP experts per program, in parallel): base[chunk, e] = exclusive prefix over chunks,
+                  totals[e]
+  _align_scatter  every program derives the padded segment starts from totals (a [BE] cumsum), writes
+                  sorted_ids[start[e] + base[chunk, e] + rank in chunk] = s for its chunk, and, for its share of the
+                  tiles, the tile experts (-1 past the padded count) and the sentinels of the tiles' padding rows
+                  (disjoint from every slot's position, so no torch.full and no ordering between programs).
 """
 
 import torch
@@ -14,63 +19,85 @@ import triton.language as tl
 from spark_bench.kernels.common import INTERPRET, next_pow2
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 
-# Chunks of BN = min(TILE // next_pow2(E), BN_MAX) slots for _align_count and _align_scatter (a [BN, BE] tile; the
-# E = 1 scatter spilled on sm_90a at BN = 16384); the offsets pass walks [BUDGET // BE]-row tiles.
+# Chunks of BN = min(TILE // next_pow2(E), BN_MAX) slots (a [BN, BE] tile; the E = 1 scatter spilled on sm_90a at
+# BN = 16384); the tile pass walks [TB, BE] steps with TB = BUDGET // BE.
 CHUNK_CONFIGS = declare(ConfigSpace(
     "moe.align._align_chunks", key=("N", "E"), default={"TILE": 16384, "BN_MAX": 8192, "num_warps": 4},
     candidates=[{"TILE": 8192, "BN_MAX": 4096, "num_warps": 4}, {"TILE": 16384, "BN_MAX": 8192, "num_warps": 8}],
     doc="slots per chunk of the count and scatter kernels (one program each)"))
 OFFSETS_CONFIGS = declare(ConfigSpace(
-    "moe.align._align_offsets", key=("N", "E"), default={"BUDGET": 8192, "num_warps": 4},
-    candidates=[{"BUDGET": 4096, "num_warps": 4}, {"BUDGET": 16384, "num_warps": 8}],
-    doc="elements per [chunks, BE] / [tiles, BE] step of the single-program offsets pass"))
+    "moe.align._align_offsets", key=("N", "E"), default={"BUDGET": 8192, "PREFIX": 2048, "BEP": 16, "num_warps": 4},
+    # PREFIX = 8192 ([512, 16] tiles at 4 warps) spilled 184 B on sm_90a
+    candidates=[{"BUDGET": 4096, "PREFIX": 1024, "BEP": 16, "num_warps": 4},
+                {"BUDGET": 16384, "PREFIX": 4096, "BEP": 32, "num_warps": 8}],
+    doc="elements per [chunks, BEP] step of the prefix (BEP experts per program), per [tiles, BE] scatter step"))
+
+
+@triton.jit
+def _chunk_hits(ids, c, N, E, BN: tl.constexpr, BE: tl.constexpr):
+    """(slots o_n, experts e, one-hot [BN, BE]) of chunk c."""
+    o_n = c * BN + tl.arange(0, BN)
+    e = tl.load(ids + o_n, mask=o_n < N, other=-1)
+    o_e = tl.arange(0, BE)
+    return o_n, e, (e[:, None] == o_e[None, :]) & (o_e[None, :] < E)
 
 
 @triton.jit
 def _align_count(ids, counts, N, E, BN: tl.constexpr, BE: tl.constexpr):
     c = tl.program_id(0)
-    o_n = c * BN + tl.arange(0, BN)
-    e = tl.load(ids + o_n, mask=o_n < N, other=-1)
-    o_e = tl.arange(0, BE)
-    hit = (e[:, None] == o_e[None, :]) & (o_e[None, :] < E)
-    tl.store(counts + c * BE + o_e, tl.sum(hit.to(tl.int32), axis=0))
+    _, _, hit = _chunk_hits(ids, c, N, E, BN, BE)
+    tl.store(counts + c * BE + tl.arange(0, BE), tl.sum(hit.to(tl.int32), axis=0))
 
 
 @triton.jit
-def _align_offsets(counts, base, start, expert_ids, num_post, n_chunks, max_blocks, E, BM: tl.constexpr,
-                   BE: tl.constexpr, BC: tl.constexpr, BB: tl.constexpr):
-    o_e = tl.arange(0, BE)
-    running = tl.zeros([BE], dtype=tl.int32)
-    for c0 in range(0, n_chunks, BC):  # exclusive prefix sum over chunks, BC chunks at a time
+def _align_prefix(counts, base, totals, n_chunks, BE: tl.constexpr, BC: tl.constexpr, BEP: tl.constexpr):
+    o_e = tl.program_id(0) * BEP + tl.arange(0, BEP)
+    running = tl.zeros([BEP], dtype=tl.int32)
+    for c0 in range(0, n_chunks, BC):
         o_c = c0 + tl.arange(0, BC)
         offs = o_c[:, None] * BE + o_e[None, :]
-        tile = tl.load(counts + offs, mask=(o_c < n_chunks)[:, None], other=0)
-        tl.store(base + offs, tl.cumsum(tile, axis=0) - tile + running[None, :], mask=(o_c < n_chunks)[:, None])
+        m = (o_c < n_chunks)[:, None]
+        tile = tl.load(counts + offs, mask=m, other=0)
+        tl.store(base + offs, tl.cumsum(tile, axis=0) - tile + running[None, :], mask=m)
         running += tl.sum(tile, axis=0)
-    padded = (running + BM - 1) // BM * BM
-    end = tl.cumsum(padded, axis=0)
-    total = tl.sum(padded, axis=0)
-    tl.store(start + o_e, end - padded)
-    tl.store(num_post, total)
-    for b0 in range(0, max_blocks, BB):
-        o_b = b0 + tl.arange(0, BB)
-        # the expert of tile b = how many experts end at or before the tile's first row
-        before = (end[None, :] <= o_b[:, None] * BM) & (o_e[None, :] < E)
-        eid = tl.sum(before.to(tl.int32), axis=1)
-        tl.store(expert_ids + o_b, tl.where(o_b * BM < total, eid, -1), mask=o_b < max_blocks)
+    tl.store(totals + o_e, running)
 
 
 @triton.jit
-def _align_scatter(ids, base, start, sorted_ids, N, E, BN: tl.constexpr, BE: tl.constexpr):
+def _align_scatter(ids, base, totals, sorted_ids, expert_ids, num_post, N, E, max_padded, max_blocks, tiles_per,
+                   BM: tl.constexpr, BN: tl.constexpr, BE: tl.constexpr, TB: tl.constexpr, ONE: tl.constexpr):
     c = tl.program_id(0)
-    o_n = c * BN + tl.arange(0, BN)
-    e = tl.load(ids + o_n, mask=o_n < N, other=-1)
     o_e = tl.arange(0, BE)
-    hit = (e[:, None] == o_e[None, :]) & (o_e[None, :] < E)
-    rank = tl.cumsum(hit.to(tl.int32), axis=0) - 1
-    offset = tl.load(base + c * BE + o_e) + tl.load(start + o_e)
-    pos = tl.sum(tl.where(hit, rank + offset[None, :], 0), axis=1)
+    m_e = o_e < E
+    o_n, e, hit = _chunk_hits(ids, c, N, E, BN, BE)
+    hits = hit.to(tl.int32)
+    if ONE:
+        count = tl.sum(hits, axis=0)
+        chunk_base = tl.zeros([BE], dtype=tl.int32)
+    else:
+        count = tl.load(totals + o_e)
+        chunk_base = tl.load(base + c * BE + o_e)
+    padded = (count + BM - 1) // BM * BM
+    end = tl.cumsum(padded, axis=0)
+    start = end - padded
+    total = tl.sum(padded, axis=0)
+    pos = tl.sum(tl.where(hit, tl.cumsum(hits, axis=0) - 1 + (chunk_base + start)[None, :], 0), axis=1)
     tl.store(sorted_ids + pos, o_n, mask=(o_n < N) & (e >= 0) & (e < E))
+    if c == 0:
+        tl.store(num_post, total)
+    filled = start + count  # rows [start, filled) of an expert's segment hold slots, [filled, end) sentinels
+    o_r = tl.arange(0, BM)
+    for b0 in range(c * tiles_per, tl.minimum((c + 1) * tiles_per, max_blocks), TB):
+        o_b = b0 + tl.arange(0, TB)
+        m_b = o_b < tl.minimum((c + 1) * tiles_per, max_blocks)
+        # the expert of tile b = how many experts end at or before the tile's first row
+        eid = tl.sum(((end[None, :] <= o_b[:, None] * BM) & m_e[None, :]).to(tl.int32), axis=1)
+        live = o_b * BM < total
+        tl.store(expert_ids + o_b, tl.where(live, eid, -1), mask=m_b)
+        fill_end = tl.sum(tl.where(o_e[None, :] == eid[:, None], filled[None, :], 0), axis=1)
+        row = o_b[:, None] * BM + o_r[None, :]
+        pad = (row >= tl.where(live, fill_end, 0)[:, None]) & (row < max_padded)
+        tl.store(sorted_ids + row, N, mask=pad & m_b[:, None])
 
 
 def align_sizes(num_slots: int, num_experts: int, block_m: int) -> tuple[int, int]:
@@ -90,18 +117,23 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     BN = max(16, min(next_pow2(N), (1 << 16 if INTERPRET else chunks["TILE"]) // BE,
                      1 << 16 if INTERPRET else chunks["BN_MAX"]))
     n_chunks = triton.cdiv(N, BN)
-    counts = torch.empty((n_chunks, BE), dtype=torch.int32, device=dev)
-    base = torch.empty_like(counts)
-    start = torch.empty(BE, dtype=torch.int32, device=dev)
-    sorted_ids = torch.full((max_padded,), N, dtype=torch.int32, device=dev)
-    expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=dev)
-    num_post = torch.empty(1, dtype=torch.int32, device=dev)
-    _align_count[(n_chunks,)](ids, counts, N, E, BN=BN, BE=BE, **chunk_options)
     offsets, offsets_options = split(OFFSETS_CONFIGS.pick(N=N, E=E))
     budget = 1 << 16 if INTERPRET else offsets["BUDGET"]
-    BB = max(16, min(next_pow2(max_blocks), budget // BE))
-    BC = max(2, min(next_pow2(n_chunks), budget // BE))
-    _align_offsets[(1,)](counts, base, start, expert_ids, num_post, n_chunks, max_blocks, E, BM=block_m, BE=BE,
-                         BC=BC, BB=BB, **offsets_options)
-    _align_scatter[(n_chunks,)](ids, base, start, sorted_ids, N, E, BN=BN, BE=BE, **chunk_options)
+    sorted_ids = torch.empty((max_padded,), dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    num_post = torch.empty(1, dtype=torch.int32, device=dev)
+    totals = torch.empty(BE, dtype=torch.int32, device=dev)
+    one = n_chunks == 1
+    base = totals
+    if not one:
+        counts = torch.empty((n_chunks, BE), dtype=torch.int32, device=dev)
+        base = torch.empty_like(counts)
+        _align_count[(n_chunks,)](ids, counts, N, E, BN=BN, BE=BE, **chunk_options)
+        BEP = min(BE, offsets["BEP"])
+        BC = max(2, min(next_pow2(n_chunks), (1 << 16 if INTERPRET else offsets["PREFIX"]) // BEP))
+        _align_prefix[(BE // BEP,)](counts, base, totals, n_chunks, BE=BE, BC=BC, BEP=BEP, **offsets_options)
+    tiles_per = triton.cdiv(max_blocks, n_chunks)
+    TB = max(2, min(next_pow2(tiles_per), max(2, budget // max(BE, block_m))))
+    _align_scatter[(n_chunks,)](ids, base, totals, sorted_ids, expert_ids, num_post, N, E, max_padded, max_blocks,
+                                tiles_per, BM=block_m, BN=BN, BE=BE, TB=TB, ONE=one, **chunk_options)
     return sorted_ids, expert_ids, num_post

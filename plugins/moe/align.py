@@ -111,7 +111,8 @@ op = Op(
 
 @op.backend("triton", probe=probes.triton_kernel, labels=probes.triton_labels)
 def triton_align(topk_ids, num_experts, block_m):
-    """Ours: kernels/moe/align.py (chunk histograms, one offsets program, chunk scatter)."""
+    """Ours: kernels/moe/align.py (one launch for a single chunk; else chunk histograms, a per-expert parallel prefix,
+    and a scatter that also writes the tile experts and the padding sentinels)."""
     from spark_bench.kernels.moe.align import moe_align
 
     return moe_align(topk_ids, num_experts, block_m)
