@@ -57,7 +57,9 @@ def test_block_m_follows_the_load_and_the_grid_is_trimmed():
     (1, 64, 1, 1, "uniform", None, 24),  # the shared expert: slot 0 leads all 64, D split in 3
     (2, 7, 5, 1, "zipf", 16, None),  # odd T, E = 5, top-1, skewed: groups of uneven size
     (3, 21, 13, 3, "zipf", 24, 40),  # 63 slots, both splits
-    (4, 33, 1, 1, "uniform", None, None)])
+    (4, 33, 1, 1, "uniform", None, None),
+    (5, 100, 1, 1, "uniform", None, None),  # forced past 64 slots: windows of 64, the second led by slot 64
+    (6, 30, 7, 3, "worst", 24, None)])  # 90 slots on 3 experts: each window has its own 3 leaders
 def test_decode_serves_repeated_experts_from_one_program(seed, tokens, experts, topk, routing, split_i, split_d):
     """Slots that share an expert are computed by its first slot's programs (the others exit): every slot's output
     must still come out (poisoned scratch would show a slot nobody wrote)."""

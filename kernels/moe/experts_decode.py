@@ -6,6 +6,7 @@ the [P] ids, P <= 64): each weight tile is loaded once and multiplied by the gro
 cores (a [BN, BK] x [BK, BP] dot, BP = next_pow2(P) >= 16). So routing that repeats an expert (T > 1 with skew,
 the shared expert's T slots on its one expert) reads that expert once, not once per slot; unique routing reads the
 same bytes as a per-slot GEMV. Grids count every slot (the host cannot see repeats without a sync) unless E = 1.
+Past 64 slots (only when the path is forced) groups are found within windows of 64 slots.
   _decode_swiglu  h[q, n] = silu(w1[e, n] . x[t_q]) * (w3[e, n] . x[t_q]) for the leader's group: one program per
                   (slot, slice of D, BN rows of I). With S1 > 1 slices of D the gate / up dots go out as fp32
                   partials h[q*S1 + s] = [gate | up] that _decode_down sums in order and activates as it loads h.
@@ -43,8 +44,9 @@ PARTS_BUDGET = 32  # slices of D x slots: bounds the partials' re-reads (see dec
 
 @triton.jit
 def _group(topk_ids, p, P, BP: tl.constexpr):
-    """(leads, e, o_q, in_group): slot p's expert, whether p is its first slot, and the slots routed to it."""
-    o_q = tl.arange(0, BP)
+    """(leads, e, o_q, in_group): slot p's expert, whether p is its first slot within its window of BP slots, and
+    the window's slots routed to it."""
+    o_q = p // BP * BP + tl.arange(0, BP)
     ids = tl.load(topk_ids + o_q, mask=o_q < P, other=-1)
     e = tl.load(topk_ids + p)
     same = ids == e
@@ -53,12 +55,13 @@ def _group(topk_ids, p, P, BP: tl.constexpr):
 
 
 @triton.jit
-def _decode_swiglu(x, w13, h, topk_ids, P, D, I, D_SPLIT, S1, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   BP: tl.constexpr, PARTS: tl.constexpr, UPCAST_DOT: tl.constexpr, RNE: tl.constexpr):
+def _decode_swiglu(x, w13, h, topk_ids, P, D, I, D_SPLIT, S1, LEAD_STRIDE, K: tl.constexpr, BN: tl.constexpr,
+                   BK: tl.constexpr, BP: tl.constexpr, PARTS: tl.constexpr, UPCAST_DOT: tl.constexpr,
+                   RNE: tl.constexpr):
     """Program (p*S1 + s, n-tile): the gate and up dots of slot p's group over slice s of D. PARTS (S1 > 1): fp32
     partials h[q*S1 + s] = [gate | up] ([P*S1, 2I]) for _decode_down to finish; else bf16 h[q] = SwiGLU."""
     i_ps, i_n = tl.program_id(0), tl.program_id(1)
-    leads, e, o_q, same = _group(topk_ids, i_ps // S1, P, BP)
+    leads, e, o_q, same = _group(topk_ids, i_ps // S1 * LEAD_STRIDE, P, BP)
     if leads:
         s = i_ps % S1
         o_n = i_n * BN + tl.arange(0, BN)
@@ -108,11 +111,11 @@ def _h_tile(h, o_q, same, o_k, m_k, I, S1, PARTS: tl.constexpr):
 
 
 @triton.jit
-def _decode_down(h, w2, topk_ids, topk_weights, part, P, D, I, I_SPLIT, S, S1, BN: tl.constexpr, BK: tl.constexpr,
-                 BP: tl.constexpr, PARTS: tl.constexpr, UPCAST_DOT: tl.constexpr):
+def _decode_down(h, w2, topk_ids, topk_weights, part, P, D, I, I_SPLIT, S, S1, LEAD_STRIDE, BN: tl.constexpr,
+                 BK: tl.constexpr, BP: tl.constexpr, PARTS: tl.constexpr, UPCAST_DOT: tl.constexpr):
     i_ps, i_n = tl.program_id(0), tl.program_id(1)
     i_s = i_ps % S
-    leads, e, o_q, same = _group(topk_ids, i_ps // S, P, BP)
+    leads, e, o_q, same = _group(topk_ids, i_ps // S * LEAD_STRIDE, P, BP)
     if leads:
         o_n = i_n * BN + tl.arange(0, BN)
         m_n = o_n < D
@@ -160,15 +163,14 @@ def _step(meta: dict, BP: int) -> int:
 
 
 def decode(x, topk_ids, topk_weights, w13, w2, split_i: int | None = None, split_d: int | None = None):
-    """y [T, D] for few slots (P = T*K <= 64). split_i / split_d: force the slice width of I (down) and of D
-    (gate/up; tests). Under the interpreter D is not split unless forced."""
+    """y [T, D] for few slots (P = T*K <= 64 on the auto path; more run in windows of 64). split_i / split_d: force
+    the slice width of I (down) and of D (gate/up; tests). Under the interpreter D is not split unless forced."""
     T, D = x.shape
     E, K, I = w13.shape[0], topk_ids.shape[1], w2.shape[2]
     P = T * K
     BP = _block(P, 64)
-    if P > BP:
-        raise ValueError(f"the decode path takes at most 64 slots, not {P}")
-    leaders = P if E > 1 else 1  # E = 1: slot 0 leads every slot, so the grid holds its programs only
+    stride = 1 if E > 1 else BP  # E = 1: each window's first slot leads it, and the grid holds only those
+    leaders = triton.cdiv(P, stride)
     meta, options = split(SWIGLU_CONFIGS.pick(P=P, D=D, I=I))
     BN, BK = (_block(I, 128), _block(D, 256) if split_d is None else 16) if INTERPRET else (meta["BN"],
                                                                                           _step(meta, BP))
@@ -183,8 +185,8 @@ def decode(x, topk_ids, topk_weights, w13, w2, split_i: int | None = None, split
     parts = S1 > 1
     h = torch.empty((P * S1, 2 * I) if parts else (P, I), dtype=torch.float32 if parts else x.dtype,
                     device=x.device)
-    _decode_swiglu[(leaders * S1, triton.cdiv(I, BN))](x, w13, h, topk_ids, P, D, I, d_split, S1, K=K, BN=BN, BK=BK,
-                                                       BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET,
+    _decode_swiglu[(leaders * S1, triton.cdiv(I, BN))](x, w13, h, topk_ids, P, D, I, d_split, S1, stride, K=K, BN=BN,
+                                                       BK=BK, BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET,
                                                        RNE=rounds_bf16(h.dtype), **options)
     meta, options = split(DOWN_CONFIGS.pick(P=P, D=D, I=I))
     # PARTS: the gate and up sums are two more fp32 [BK, BP] tiles (at BK * BP = 4096 they spilled 4 B on sm_90a)
@@ -195,6 +197,6 @@ def decode(x, topk_ids, topk_weights, w13, w2, split_i: int | None = None, split
         S, i_split = triton.cdiv(I, split_i), split_i
     part = torch.empty((P * S, D), dtype=torch.float32, device=x.device)
     _decode_down[(leaders * S, triton.cdiv(D, BN))](h, w2, topk_ids, topk_weights, part, P, D, I, i_split, S, S1,
-                                                    BN=BN, BK=BK, BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET,
+                                                    stride, BN=BN, BK=BK, BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET,
                                                     **options)
     return sum_slots(part, T, x.dtype)

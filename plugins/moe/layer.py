@@ -9,8 +9,9 @@ format) -> out [T, D] bf16. Every backend declares `stages` for the per-stage br
 shared_expert, add; or, for triton with the shared expert stacked after the routed ones (make_inputs stacks them:
 common.stack_shared), router (K routed slots + the shared one, in one launch) and experts (routed and shared in
 one set of expert launches; the slots summed in fp32, so no add). Backends: triton (all ours), triton_host (the
-engine's CPU-selection router, then ours; shared expert apart), torch, torch_compile. A token whose routing is a near-tie (biased-score gap < 1e-5) may legitimately pick another expert
-than the fp64 reference: compare= leaves those tokens out of the error (and counts them).
+engine's CPU-selection router, then ours; shared expert apart), torch, torch_compile. A token whose routing is a
+near-tie (biased-score gap < 1e-5) may legitimately pick another expert than the fp64 reference: compare= leaves
+those tokens out of the error (and counts them).
 The --quick sweep is bf16 only (the interpreted GGUF layer takes minutes); on CPU try GGUF with
 `--set format=q2k_q3k --set hidden=256 --set inter=256` (K-quant rows are multiples of 256).
 """
