@@ -16,40 +16,18 @@ from spark_bench.devices import check_device, default_device
 from spark_bench.history.cli import history
 from spark_bench.kernelgate.cli import kernels
 from spark_bench.kernelgate.traffic import traffic_cmd
-from spark_bench.options import check_run_options, refuse_sweep_options_with_resume, sweep_options, sweep_spec
+from spark_bench.options import (
+    RESULTS_ROOT,
+    SparkGroup,
+    check_run_options,
+    refuse_sweep_options_with_resume,
+    sweep_options,
+    sweep_spec,
+)
 from spark_bench.report.cli import compare, report
-from spark_bench.sweep import UsageError
 from spark_bench.telemetry.cli import calibrate, profile
 from spark_bench.tune.cli import load_tuned, tune, tuned
 from spark_bench.weights.cli import make_spec, weight_options
-
-RESULTS_ROOT = Path("results")
-
-
-def _fail_usage(message: str) -> None:
-    click.echo(f"spark-bench: error: {message}", err=True)
-    sys.exit(2)
-
-
-class SparkGroup(click.Group):
-    """Turns click's usage errors and our UsageError / ResultsError into one line on stderr and exit code 2."""
-
-    def main(self, *args, **kwargs):  # type: ignore[override]
-        try:
-            return super().main(*args, standalone_mode=False, **kwargs)
-        except click.exceptions.NoArgsIsHelpError as exc:
-            click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
-            sys.exit(0)
-        except click.UsageError as exc:
-            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
-            _fail_usage(f"{exc.format_message()}{hint}")
-        except (UsageError, results.ResultsError) as exc:
-            _fail_usage(str(exc))
-        except click.exceptions.Abort:
-            click.echo("aborted", err=True)
-            sys.exit(130)
-        except click.exceptions.Exit as exc:
-            sys.exit(exc.exit_code)
 
 
 @click.group(cls=SparkGroup)

@@ -1,14 +1,47 @@
-"""Checks of `spark-bench run` options that click's types cannot express; each failure is one UsageError line."""
+"""What the commands share: the group that turns every usage error into one line (exit 2), the results root, and
+the checks of `spark-bench run` / `tune` options that click's types cannot express (each failure one UsageError)."""
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
+from spark_bench.results import ResultsError
 from spark_bench.sweep import SweepSpec, UsageError, parse_set
+
+RESULTS_ROOT = Path("results")  # where runs, tuned tables and history live unless told otherwise
+
+
+def fail_usage(message: str) -> None:
+    click.echo(f"spark-bench: error: {message}", err=True)
+    sys.exit(2)
+
+
+class SparkGroup(click.Group):
+    """Turns click's usage errors and our UsageError / ResultsError into one line on stderr and exit code 2 (the
+    `spark-bench` group, and a subgroup run on its own, e.g. `python -m spark_bench.history`)."""
+
+    def main(self, *args, **kwargs):  # type: ignore[override]
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+            sys.exit(0)
+        except click.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+            fail_usage(f"{exc.format_message()}{hint}")
+        except (UsageError, ResultsError) as exc:
+            fail_usage(str(exc))
+        except click.exceptions.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(130)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
 
 # `run` options that define the sweep or how it is measured: fixed in run.json, so `--resume` refuses them
 RESUME_FIXED = ("ops", "backends", "preset", "sets", "dtypes", "device", "quick", "full", "out", "seed", "timeout",

@@ -16,8 +16,12 @@ from spark_bench.worker import CaseRunner
 
 
 def test_cpu_run_without_full_times_with_the_quick_budget(tmp_path, fault_env, monkeypatch):
+    import sys
+
     for key in ("PYTHONPATH", "SPARK_BENCH_PLUGINS"):
         monkeypatch.setenv(key, fault_env[key])
+    # a registry of its own with the fault plugin, the process's own back afterwards (other tests list the ops)
+    monkeypatch.setattr(sys.modules["spark_bench.registry"], "_REGISTRY", None)
     monkeypatch.syspath_prepend(fault_env["PYTHONPATH"].split(":")[0])
     common = ["--op", "fault.scale", "--backend", "good", "--set", "rows=3", "--set", "cols=5",
               "--executor", "inprocess", "--no-report"]
@@ -32,7 +36,8 @@ def test_cpu_run_without_full_times_with_the_quick_budget(tmp_path, fault_env, m
     assert not spec["quick"] and TimingConfig(**spec["timing"]) == config_for("cpu", quick=False)
     code, out, err = run_cli("run", *common, "--max-time", "0.2", "--out", tmp_path / "capped")
     assert code == 0, err
-    assert TimingConfig(**json.loads((tmp_path / "capped" / "run.json").read_text())["spec"]["timing"]).max_time_s == 0.2
+    capped = json.loads((tmp_path / "capped" / "run.json").read_text())["spec"]["timing"]
+    assert TimingConfig(**capped).max_time_s == 0.2
     assert "(quick shapes; Triton interpreted)" in out + err  # not quick timing any more: the header does not say it is
 
 
@@ -60,7 +65,8 @@ def _composite_registry(label):
             reference=lambda x: 2 * x.double() + 1, cost=lambda p, d: Cost(16 * p["rows"], 64 * p["rows"]),
             axes=[Axis("rows", [5], quick=[5])], dtypes=["fp32"], tolerance={"fp32": Tolerance(1e-6)})
     op.add_backend(Backend("composite", lambda x: 2 * x + 1, labels=[label] if label else (),
-                           stages=lambda inputs: [("double", lambda: 2 * inputs["x"]), ("add", lambda: inputs["x"] + 1)]))
+                           stages=lambda inputs: [("double", lambda: 2 * inputs["x"]),
+                                                  ("add", lambda: inputs["x"] + 1)]))
     reg = Registry()
     reg.load_object("test", op)
     return reg

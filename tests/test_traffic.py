@@ -40,7 +40,6 @@ def test_issued_and_unique_bytes_of_a_hand_counted_kernel(n, block, programs):
 
 def test_counting_restores_the_interpreter():
     import triton.runtime.interpreter as interp
-
     from spark_bench.kernels import common
 
     before = (interp.InterpreterBuilder.create_masked_load, interp.GridExecutor.__call__,

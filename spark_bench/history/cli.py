@@ -18,7 +18,7 @@ from rich.markup import escape
 from spark_bench.history import detect, gitinfo, query
 from spark_bench.history.gate import parse_age, regressions
 from spark_bench.history.store import DEFAULT_DB, HistoryError, add_runs, connect
-from spark_bench.results import ResultsError
+from spark_bench.options import SparkGroup
 
 db_option = click.option("--db", type=click.Path(path_type=Path), default=DEFAULT_DB, show_default=True,
                          help="The history database (SQLite).")
@@ -75,27 +75,7 @@ def opened(db: Path) -> Iterator[sqlite3.Connection]:
         con.close()
 
 
-class HistoryGroup(click.Group):
-    """Standalone (`python -m spark_bench.history`) the group prints usage errors as one line and exits 2, like the
-    `spark-bench` group does for it when registered there."""
-
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        try:
-            return super().main(*args, standalone_mode=False, **kwargs)
-        except click.exceptions.NoArgsIsHelpError as exc:
-            click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
-            sys.exit(0)
-        except click.UsageError as exc:
-            click.echo(f"spark-bench: error: {exc.format_message()}", err=True)
-            sys.exit(2)
-        except ResultsError as exc:
-            click.echo(f"spark-bench: error: {exc}", err=True)
-            sys.exit(2)
-        except click.exceptions.Exit as exc:
-            sys.exit(exc.exit_code)
-
-
-@click.group("history", cls=HistoryGroup)
+@click.group("history", cls=SparkGroup)  # one-line errors standalone too
 def history() -> None:
     """Performance history across runs and commits: ingest runs, trends, step detection, the nightly gate."""
 

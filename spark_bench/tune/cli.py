@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from spark_bench.options import (
+    RESULTS_ROOT,
     check_run_options,
     positive,
     refuse_sweep_options_with_resume,
@@ -18,8 +19,6 @@ from spark_bench.options import (
 )
 from spark_bench.sweep import UsageError
 from spark_bench.weights.cli import weight_options
-
-RESULTS_ROOT = Path("results")
 
 
 def load_tuned(spec: str | None, device: str, root: Path, warn) -> dict[str, Any] | None:
