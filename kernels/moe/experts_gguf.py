@@ -33,8 +33,9 @@ from spark_bench.kernels.quant.kquants import CHUNK, aligned, block_ptr, block_s
 # BM: at BM = 16 with 4 warps _grouped_down spilled on sm_90a under triton 3.9.
 GROUPED_CONFIGS = declare(ConfigSpace(
     "moe.experts_gguf._grouped", key=("BM",), default={"BN": 64, "num_warps": 8},
-    candidates=[{"BN": 64, "num_warps": 4, "num_stages": 2}]))  # forced at BM = 16, _grouped_up spilled 4-20 B on
-# sm_90a with BN = 128 (8 warps, 2 or 3 stages) and BN = 32 (4 warps): not candidates
+    candidates=[{"BN": 64, "num_warps": 8, "num_stages": 4}]))  # forced at BM = 16, _grouped_up spilled 4-20 B on
+# sm_90a with BN = 128 (8 warps, 2 or 3 stages) and BN = 32 (4 warps), and under triton 3.6 8 B with BN = 64 at 2
+# stages (4 or 8 warps): not candidates
 # BM from the mean pairs per expert (load = T*K // E): padding waste against weight re-dequantization per tile.
 BLOCK_M_CONFIGS = declare(ConfigSpace(
     "moe.experts_gguf.block_m", key=("load",), default={"BM": 64},
