@@ -29,10 +29,10 @@ from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_
 
 # BKD: the K slice of the pairwise diagonal products ([BC, BC, BKD] tiles); elem: the input's element bytes.
 # 16-bit inputs: 4 warps, 212-244 registers, 2 CTAs per SM on sm_90a. fp32 inputs (IEEE dots on CUDA cores) spill
-# 12-32 B at 4 warps and 472 B with tf32x3: they keep 8 warps, 1 CTA per SM.
+# 12-32 B at 4 warps and 472 B with tf32x3: they keep 8 warps, 1 CTA per SM (BKD 16 spilled 8 B under triton 3.6).
 CONFIGS = declare(ConfigSpace(
     "kda.chunk_intra._chunk_intra", key=("K", "V", "elem"),
-    default={"BKD": 16, "num_warps": 8, "num_stages": 1},
+    default={"BKD": 8, "num_warps": 8, "num_stages": 1},
     buckets=[({"elem": 2}, {"BKD": 8, "num_warps": 4, "num_stages": 1})],
     candidates=[{"BKD": 16, "num_warps": 4, "num_stages": 1}, {"BKD": 32, "num_warps": 8, "num_stages": 1}]))
 
