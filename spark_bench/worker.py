@@ -2,7 +2,8 @@
 
 Per case: inputs (seeded; cached with the reference output for the next backend of the same point) -> backend setup
 (compile, autotune: timed as setup_s, never in the latency) -> correctness check on poisoned allocations -> timing
-(only when the check passed) -> per-stage timing for composite backends. The worker sends a `phase` message at each
+(only when the check passed) -> per-stage timing for composite backends (not for interpreted ones: a breakdown of the
+interpreter's time says nothing of the kernels', and costs about one more call of the whole backend). The worker sends a `phase` message at each
 step (the runner's per-phase deadline and progress bar use them) and one `result` message per case.
 Its stderr goes to a log file whose tail the runner stores with a crash.
 """
@@ -124,7 +125,8 @@ class CaseRunner:
         op = self.reg.get(case.op)
         backend = op.backends[case.backend]
         record["labels"] = backend.labels_for(case.device)
-        if "interpreted" in record["labels"]:
+        interpreted = "interpreted" in record["labels"]
+        if interpreted:
             cfg = for_interpreted(cfg)
         sets, ref, extra = self._inputs(op, case, n_sets)
         record["extra"] = dict(extra)
@@ -170,7 +172,7 @@ class CaseRunner:
         if (record["power"] or {}).get("throttled"):
             record["labels"].append("throttled")
 
-        if backend.stages is not None:
+        if backend.stages is not None and not interpreted:
             self.phase(case.case_id, "stages")
             stage_calls = backend.stages(clone_inputs(sets[0]))
             stage_cfg = for_stages(cfg, len(stage_calls))
