@@ -6,8 +6,6 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -16,8 +14,7 @@ from spark_bench.plugins.kda import chunk_prefill as prefill  # noqa: E402
 from spark_bench.plugins.kda import core_common as cc  # noqa: E402
 from spark_bench.plugins.kda import recurrent_decode as decode  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
-from kda_bytes import count_bytes  # noqa: E402
+from spark_bench.kernelgate.traffic import counting  # noqa: E402
 
 op = prefill.op
 BACKENDS = {"triton": prefill.triton_chunk_prefill, "torch": prefill.torch_chunk_prefill}
@@ -182,10 +179,10 @@ def test_chunk_core_bytes_per_token_head():
     totals = {}
     for T in (64, 128):
         inputs = make(T, H=1, K=128, V=128, dtype="bf16", seed=19)
-        with count_bytes() as kernels:
+        with counting() as kernels:
             run("triton", inputs)
-        totals[T] = kernels
-    per_token = {name: sum(totals[128][name].values()) - sum(totals[64][name].values()) for name in totals[128]}
+        totals[T] = {name: k.read_unique + k.written_unique for name, k in kernels.items()}
+    per_token = {name: totals[128][name] - totals[64][name] for name in totals[128]}
     per_token = {name: b / 64 for name, b in per_token.items()}
     assert set(per_token) == {"_chunk_intra", "_chunk_state", "_chunk_output"}
     _, minimum = cc.core_cost(64, 1, 128, 128, states=0, dtype="bf16", fused=True, chunk=64)

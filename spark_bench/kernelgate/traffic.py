@@ -4,8 +4,8 @@ measurement): `spark-bench kernels --traffic`.
 Every masked-in element of every `tl.load` / `tl.store` (and atomic) of a launch is counted twice over:
 - `issued`: each access, as often as the kernel makes it. What the SMs ask of L1/L2: a tile re-read by many programs
   is counted each time.
-- `unique`: the distinct bytes of the launch. What DRAM would serve if L2 kept everything a launch touches: the
-  floor of the launch's DRAM traffic.
+- `unique`: the distinct bytes of the launch, not counting reads of what the launch itself wrote before (those stay
+  in L1/L2). What DRAM would serve if L2 kept everything a launch touches: the floor of its DRAM traffic.
 A GPU's DRAM traffic lies between the two (nearer `unique` when the re-reads are close in time, as in a grouped tile
 order). Both are compared with the op's cost model (its minimum bytes). The wrappers' interpreter widening
 (`kernels.common.WIDEN_WHEN_INTERPRETING`) is switched off while counting, so the kernels run with the block sizes
@@ -41,16 +41,24 @@ class KernelTraffic:
 
 
 class _Launch:
-    """The addresses one launch touched, per element size."""
+    """The addresses one launch touched, per element size; reads of addresses it has written are left out."""
 
     def __init__(self) -> None:
         self.read: dict[int, list[np.ndarray]] = {}
         self.written: dict[int, list[np.ndarray]] = {}
+        self.own: set[int] = set()  # every address this launch has stored to so far
 
-    @staticmethod
-    def add(into: dict[int, list[np.ndarray]], ptrs: np.ndarray, mask: np.ndarray | None, itemsize: int) -> int:
-        addresses = ptrs[mask] if mask is not None else ptrs.reshape(-1)
-        into.setdefault(itemsize, []).append(np.asarray(addresses, dtype=np.uint64).reshape(-1))
+    def add(self, into: dict[int, list[np.ndarray]], ptrs: np.ndarray, mask: np.ndarray | None, itemsize: int) -> int:
+        addresses = np.asarray(ptrs[mask.astype(bool)] if mask is not None else ptrs, dtype=np.uint64).reshape(-1)
+        if into is self.written:
+            self.own.update(addresses.tolist())
+            kept = addresses
+        elif self.own:
+            kept = np.unique(addresses)
+            kept = kept[np.fromiter((a not in self.own for a in kept.tolist()), dtype=bool, count=kept.size)]
+        else:
+            kept = addresses
+        into.setdefault(itemsize, []).append(kept)
         return int(addresses.size) * itemsize
 
     @staticmethod
