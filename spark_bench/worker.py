@@ -3,8 +3,9 @@
 Per case: inputs (seeded; cached with the reference output for the next backend of the same point) -> backend setup
 (compile, autotune: timed as setup_s, never in the latency) -> correctness check on poisoned allocations -> timing
 (only when the check passed) -> per-stage timing for composite backends (not for interpreted ones: a breakdown of the
-interpreter's time says nothing of the kernels', and costs about one more call of the whole backend). The worker sends a `phase` message at each
-step (the runner's per-phase deadline and progress bar use them) and one `result` message per case.
+interpreter's time says nothing of the kernels', and costs about one more call of the whole backend). The worker
+sends a `phase` message at each step (the runner's per-phase deadline and progress bar use them) and one `result`
+message per case.
 Its stderr goes to a log file whose tail the runner stores with a crash.
 """
 

@@ -136,9 +136,9 @@ def test_router_paths_match_the_loop(monkeypatch, path, ticket, sms, seed, token
     whose last program per row block selects (ticket; with 64 SMs, D = 600 splits into 3 slices and E = 130 into 3
     expert tiles, so 9 programs share a ticket), and the two-launch fallback; odd T, E not a power of two."""
     from spark_bench.kernels.moe import router as kernel
-    from spark_bench.tune.space import applied
 
     from spark_bench import triton_env
+    from spark_bench.tune.space import applied
 
     monkeypatch.setattr(triton_env, "sm_count", lambda device: sms)
     p = params(tokens, hidden=hidden, experts=experts, topk=topk, groups=groups, topk_groups=topk_groups)
