@@ -38,7 +38,7 @@ DECODE_UP_CONFIGS = declare(ConfigSpace(
     doc="BR (gate, up) row pairs per program, D split in super-block slices until MIN_CTAS; P = T*K pairs"))
 DECODE_DOWN_CONFIGS = declare(ConfigSpace(
     "moe.experts_gguf._decode_down", key=("P", "D", "I"), default={"BR": 16, "MIN_CTAS": 1024, "num_warps": 4},
-    buckets=[({"P": 2}, {"BR": 8, "MIN_CTAS": 1024, "num_warps": 4})],  # shared expert: I has only I/256 slices
+    buckets=[({"P": 2}, {"BR": 8, "MIN_CTAS": 1024, "num_warps": 8})],  # shared expert: I has only I/256 slices
     candidates=[{"BR": 8, "MIN_CTAS": 1024, "num_warps": 4}, {"BR": 16, "MIN_CTAS": 2048, "num_warps": 4}],
     doc="BR rows of D per program; I split into S super-block slices until the grid has MIN_CTAS programs"))
 
