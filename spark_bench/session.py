@@ -166,7 +166,7 @@ class Session:
         out = console()
         todo = pending(self.store, self.cases)
         out.print(f"spark-bench: {len(self.cases)} cases on {self.spec.device}, {len(todo)} to run -> {self.store.path}"
-                  + shapes_note(self.spec, self.cfg), markup=False)
+                  + shapes_note(self.spec, self.cfg), markup=False, soft_wrap=True)  # one line, however long
         tele, _ = RunTelemetry.start(self.store.path, self.spec.device) if self.spec.device.startswith("cuda") \
             else (None, "CPU device")
         timeline = PhaseTimeline(tele)
@@ -186,7 +186,7 @@ class Session:
         if fails is not None:
             out.print(fails)
         out.print(summary_line(summary))
-        out.print(f"results: {self.store.path}", markup=False)
+        out.print(f"results: {self.store.path}", markup=False, soft_wrap=True)
         if report:
             self._report(out)  # the report's path is printed last
         return 1 if any(summary[s] for s in results.FAILED) else 0
@@ -197,4 +197,4 @@ class Session:
         except ImportError:
             return
         path = write_report([self.store.path], self.store.path / "report.html")
-        out.print(f"report: {path}", markup=False)
+        out.print(f"report: {path}", markup=False, soft_wrap=True)

@@ -25,9 +25,9 @@ def test_cpu_run_without_full_times_with_the_quick_budget(tmp_path, fault_env, m
     monkeypatch.syspath_prepend(fault_env["PYTHONPATH"].split(":")[0])
     common = ["--op", "fault.scale", "--backend", "good", "--set", "rows=3", "--set", "cols=5",
               "--executor", "inprocess", "--no-report"]
-    code, out, err = run_cli("run", *common, "--out", tmp_path / "default")
+    code, out, err = run_cli("run", *common, "--out", tmp_path / "default" / ("long" * 30))  # the header: one line
     assert code == 0, err
-    spec = json.loads((tmp_path / "default" / "run.json").read_text())["spec"]
+    spec = json.loads((tmp_path / "default" / ("long" * 30) / "run.json").read_text())["spec"]
     assert spec["quick"] and TimingConfig(**spec["timing"]) == TimingConfig.quick()
     assert "(quick shapes and timing; Triton interpreted)" in out + err
     code, _, err = run_cli("run", *common, "--full", "--out", tmp_path / "full")
