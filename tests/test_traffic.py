@@ -62,7 +62,7 @@ def test_the_recurrent_decode_kernel_moves_what_its_cost_model_counts(params):
     assert r["unique_bytes"] == r["model_bytes"] and r["issued_bytes"] >= r["unique_bytes"]
 
 
-def test_traffic_command(tmp_path):
+def test_traffic_command():
     code, out, err = run_cli("traffic", "--op", "kda.block_decode", "--set", "batch=2", "--json")
     assert code == 0, err
     rows = {r["backend"]: r for r in json.loads(out)}

@@ -13,7 +13,7 @@ windows in place (another program of the same head may not have read them yet: a
 interpreter, running programs one after another, can never show). The shift waits for the next launch, which runs
 after every program of the first. The norm needs all V columns of o, which the first launch spreads over V/BV
 programs; with BV = V (one program per head, N*H CTAs: 32 at N = 1, H = 32) the step would be one launch but carry
-a fifth of the programs that keep the state's bytes in flight. The projections stay torch GEMMs: at decode sizes
+an eighth of the programs that keep the state's bytes in flight. The projections stay torch GEMMs: at decode sizes
 they read the weights (~77 MB a step at Kimi-Linear TP1 against ~4 MB of recurrent state at N = 1), which is cuBLAS'
 job.
 """
