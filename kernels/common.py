@@ -55,3 +55,27 @@ def round_bf16(x, ROUND: tl.constexpr):
 
 def rounds_bf16(dtype: torch.dtype) -> bool:
     return INTERPRET and dtype == torch.bfloat16
+
+
+_TICKETS: dict = {}
+
+
+def tickets(owner: str, device, n: int) -> torch.Tensor:
+    """Zeroed int32 tickets of `owner` (a kernel that elects the last of a tile's programs), one per tile, kept per
+    device. Each launch's electing program resets its tile's ticket to 0, so the buffer is zero between launches on
+    one stream; two launches of the same owner must not run concurrently on different streams."""
+    key = (owner, str(device))
+    buf = _TICKETS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _TICKETS[key] = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
+    return buf
+
+
+@triton.jit
+def last_to_arrive(tickets, tile, n_programs):
+    """True in the last of the n_programs programs of `tile` to get here. Every thread's earlier stores precede
+    the ticket (barrier, then an acq_rel atomic at GPU scope); the winner reads the others' stores with .cg loads
+    (L2: they were written on other SMs) and calls `tl.store(tickets + tile, 0)` when done."""
+    tl.debug_barrier()
+    return tl.atomic_add(tickets + tile, 1, sem="acq_rel") == n_programs - 1
+

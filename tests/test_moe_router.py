@@ -127,14 +127,16 @@ def test_quick_points_respect_group_constraints():
     assert OP.points(preset="deepseek-v3")[0]["groups"] == 8
 
 
-@pytest.mark.parametrize("path, ticket, sms", [("rows", 1, 1), ("split", 1, 1), ("split", 1, 64), ("split", 0, 64)])
+@pytest.mark.parametrize("path, ticket, rows, sms", [("rows", 1, 16, 1), ("split", 1, 16, 1), ("split", 1, 16, 64),
+                                                     ("split", 0, 16, 64), ("split", 1, 1, 64)])
 @pytest.mark.parametrize("seed, tokens, hidden, experts, topk, groups, topk_groups", [
     (0, 1, 600, 130, 8, 1, 1), (1, 37, 72, 24, 1, 1, 1), (2, 70, 600, 96, 8, 8, 3), (3, 19, 40, 20, 4, 4, 2)])
-def test_router_paths_match_the_loop(monkeypatch, path, ticket, sms, seed, tokens, hidden, experts, topk, groups,
-                                     topk_groups):
+def test_router_paths_match_the_loop(monkeypatch, path, ticket, rows, sms, seed, tokens, hidden, experts, topk,
+                                     groups, topk_groups):
     """Each path of kernels/moe/router.py: whole-row programs with the selection in the epilogue, split-D logits
     whose last program per row block selects (ticket; with 64 SMs, D = 600 splits into 3 slices and E = 130 into 3
-    expert tiles, so 9 programs share a ticket), and the two-launch fallback; odd T, E not a power of two."""
+    expert tiles, so 9 programs share a ticket) 16 rows at once or row by row (rows = 1: a 16-row block of T = 37
+    or 70 loops its rows), and the two-launch fallback; odd T, E not a power of two."""
     from spark_bench.kernels.moe import router as kernel
 
     from spark_bench import triton_env
@@ -143,7 +145,7 @@ def test_router_paths_match_the_loop(monkeypatch, path, ticket, sms, seed, token
     monkeypatch.setattr(triton_env, "sm_count", lambda device: sms)
     p = params(tokens, hidden=hidden, experts=experts, topk=topk, groups=groups, topk_groups=topk_groups)
     inputs = OP.make_inputs(p, seed=seed)
-    forced = {"moe.router._router_logits": {**kernel.LOGITS_CONFIGS.default, "TICKET": ticket}}
+    forced = {"moe.router._router_logits": {**kernel.LOGITS_CONFIGS.default, "TICKET": ticket, "ROWS": rows}}
     for _ in range(2):  # the second call finds the tickets reset by the first
         with applied(forced):
             w, ids = kernel.route(inputs["x"], inputs["gate_w"], inputs["gate_bias"], topk, groups, topk_groups,
@@ -152,7 +154,20 @@ def test_router_paths_match_the_loop(monkeypatch, path, ticket, sms, seed, token
         assert check["ok"] and check["mismatched_tokens"] == 0, check["message"]
         assert_same_routing((w, ids), loop_router(inputs["x"], inputs["gate_w"], inputs["gate_bias"], topk, groups,
                                                   topk_groups, 2.5))
-    assert int(kernel.tickets(inputs["x"].device, 1).abs().sum()) == 0
+    assert int(kernel.tickets(kernel.ROUTER_TICKETS, inputs["x"].device, 1).abs().sum()) == 0
+
+
+def test_decode_slices_reach_min_ctas():
+    """The T <= 4 bucket splits Kimi-Linear's D = 2304 into 72 slices of 32: 16 expert tiles x 72 = 1152 programs
+    (the 2-per-SM floor alone would give 288); slices never go below BD nor past D."""
+    from spark_bench.kernels.moe.router import LOGITS_CONFIGS, slices
+
+    meta = LOGITS_CONFIGS.declared(T=1, E=256, D=2304)
+    tiles = math.ceil(256 / meta["BE"])
+    S, d_split = slices(tiles, 2304, meta["BD"], max(meta["MIN_CTAS"], 2 * 132))
+    assert (S, d_split, tiles * S) == (72, 32, 1152)
+    assert slices(1, 100, 64, 10**6) == (2, 64) and slices(64, 2304, 64, 1) == (1, 2304)
+    assert LOGITS_CONFIGS.declared(T=8, E=256, D=2304)["ROWS"] == 16
 
 
 @pytest.mark.parametrize("path", ["rows", "split"])

@@ -4,11 +4,13 @@ One launch per call, by T:
   _router_rows    prefill (a full wave of BT-row blocks): each program owns BT whole rows (all E experts in one
                   [BT, next_pow2(E)] tile, BD of D per step: x read once, wgmma at BT = 64) and runs the selection
                   in its epilogue: no partial logits in memory.
-  _router_logits  decode: partial logits [S, T, E] f32 over S slices of D (tiles x slices reach 2 programs per SM,
-                  so T = 1 spreads the 1.2 MB of gate_w over ~150 programs). With TICKET the last program of a row
-                  block to finish (a per-row-block atomic ticket, reset by that program for the next call) sums the
-                  slices in fixed order and selects: one launch, deterministic. Without it, _router_select is a
-                  second launch (the fallback candidate).
+  _router_logits  decode: partial logits [S, T, E] f32 over S slices of D (tiles x slices reach MIN_CTAS programs,
+                  at least 2 per SM: at T <= 4, 16 x 16 x 32 tiles spread the 1.2 MB of Kimi-Linear's gate_w over
+                  1152 programs, the whole read in flight in one wave). With TICKET the last program of a row block
+                  to finish (a per-row-block atomic ticket, reset by that program for the next call) sums the
+                  slices in fixed order and selects, ROWS rows at a time: ROWS = 1 keeps its tiles 1-D, so the
+                  grid's programs stay small (2 warps, many per SM) and the winner loads 16 slices per step; one
+                  launch, deterministic. Without TICKET, _router_select is a second launch (the fallback candidate).
 Selection (_select_rows): sigmoid, + bias, group-limited mask (dropped groups = -inf), K argmax passes, weights from
 the UNBIASED scores, renormalised and scaled. Ties go to the lowest expert id. bf16 operands, fp32 accumulation:
 every bf16 product is exact in fp32, so the logits are x.float() @ gate_w.float().T up to summation order.
@@ -17,18 +19,24 @@ every bf16 product is exact in fp32, so the logits are x.float() @ gate_w.float(
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET, next_pow2, row_block
+from spark_bench.kernels.common import INTERPRET, last_to_arrive, next_pow2, row_block, tickets
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 
 from spark_bench import triton_env
 
-# Decode logits tiles; D is split into slices until the (T, E) tiles x slices reach 2 programs per SM.
+# Decode logits tiles; D is split into slices until the (T, E) tiles x slices reach MIN_CTAS programs (and at least
+# 2 per SM). ROWS: rows the ticket's winner selects at a time ([ROWS, next_pow2(E)] tiles: 16 needs 4 warps).
 LOGITS_CONFIGS = declare(ConfigSpace(
     "moe.router._router_logits", key=("T", "E", "D"),
-    default={"BT": 16, "BE": 32, "BD": 64, "TICKET": 1, "num_warps": 4},
-    candidates=[{"BT": 16, "BE": 64, "BD": 64, "TICKET": 1, "num_warps": 4},  # 16x64x128 spilled 8-12 B on sm_90a
-                {"BT": 16, "BE": 32, "BD": 64, "TICKET": 0, "num_warps": 4}],
-    doc="BT tokens x BE experts per program, BD of D per step; TICKET: the last program of a row block selects"))
+    default={"BT": 16, "BE": 32, "BD": 64, "ROWS": 16, "MIN_CTAS": 0, "TICKET": 1, "num_warps": 4},
+    buckets=[({"T": 4}, {"BT": 16, "BE": 16, "BD": 32, "ROWS": 1, "MIN_CTAS": 1024, "TICKET": 1, "num_warps": 2})],
+    candidates=[{"BT": 16, "BE": 64, "BD": 64, "ROWS": 16, "MIN_CTAS": 0, "TICKET": 1, "num_warps": 4},
+                # (16x64x128 spilled 8-12 B on sm_90a)
+                {"BT": 16, "BE": 32, "BD": 64, "ROWS": 16, "MIN_CTAS": 0, "TICKET": 0, "num_warps": 4},
+                {"BT": 16, "BE": 32, "BD": 64, "ROWS": 1, "MIN_CTAS": 512, "TICKET": 1, "num_warps": 2}],
+    doc="BT tokens x BE experts per program, BD of D per step, D split until MIN_CTAS programs; TICKET: the last "
+        "program of a row block selects, ROWS rows at a time"))
+ROUTER_TICKETS = "moe.router._router_logits"
 # Two-launch fallback's selection: BT = BUDGET // next_pow2(E) rows per program.
 SELECT_CONFIGS = declare(ConfigSpace(
     "moe.router._router_select", key=("T", "E"), default={"BUDGET": 2048, "num_warps": 4},
@@ -91,22 +99,32 @@ def _select_rows(logits, o_t, m_t, bias, out_w, out_ids, scale, E: tl.constexpr,
 
 
 @triton.jit
-def _summed_slices(partial, o_t, m_t, T, S, E: tl.constexpr, BE: tl.constexpr):
-    """[BT, BE] logits of rows o_t: the S partial slices summed in slice order (L2 reads: written by other SMs)."""
+def _summed_slices(partial, o_t, m_t, T, S, E: tl.constexpr, BE: tl.constexpr, SB: tl.constexpr):
+    """[BT, BE] logits of rows o_t: the S partial slices summed in a fixed order, SB at a time ([BT, SB, BE] loads;
+    SB = 1: [BT, BE] loads, which take fewer registers). L2 reads with .cg: written by other SMs."""
     o_e = tl.arange(0, BE)
-    mask = m_t[:, None] & (o_e < E)[None, :]
     logits = tl.zeros([o_t.shape[0], BE], dtype=tl.float32)
-    for s in range(S):
-        logits += tl.load(partial + (s * T + o_t[:, None]) * E + o_e[None, :], mask=mask, other=0.0,
-                          cache_modifier=".cg")
+    if SB == 1:
+        mask = m_t[:, None] & (o_e < E)[None, :]
+        for s in range(S):
+            logits += tl.load(partial + (s * T + o_t[:, None]) * E + o_e[None, :], mask=mask, other=0.0,
+                              cache_modifier=".cg")
+    else:
+        o_s = tl.arange(0, SB)
+        for s0 in range(0, S, SB):
+            s = s0 + o_s
+            mask = m_t[:, None, None] & (s < S)[None, :, None] & (o_e < E)[None, None, :]
+            tile = tl.load(partial + (s[None, :, None] * T + o_t[:, None, None]) * E + o_e[None, None, :],
+                           mask=mask, other=0.0, cache_modifier=".cg")
+            logits += tl.sum(tile, axis=1)
     return logits
 
 
 @triton.jit
 def _router_logits(x, w, partial, tickets, bias, out_w, out_ids, T, D, D_SPLIT, scale, E: tl.constexpr,
-                   BT: tl.constexpr, BE: tl.constexpr, BD: tl.constexpr, TICKET: tl.constexpr, K: tl.constexpr,
-                   G: tl.constexpr, TG: tl.constexpr, BE_ALL: tl.constexpr, BK: tl.constexpr, BG: tl.constexpr,
-                   SHARED: tl.constexpr, UPCAST_DOT: tl.constexpr):
+                   BT: tl.constexpr, BE: tl.constexpr, BD: tl.constexpr, TICKET: tl.constexpr, ROWS: tl.constexpr,
+                   SB: tl.constexpr, K: tl.constexpr, G: tl.constexpr, TG: tl.constexpr, BE_ALL: tl.constexpr,
+                   BK: tl.constexpr, BG: tl.constexpr, SHARED: tl.constexpr, UPCAST_DOT: tl.constexpr):
     i_t, i_e, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_t = (i_t * BT + tl.arange(0, BT)).to(tl.int64)
     o_e = (i_e * BE + tl.arange(0, BE)).to(tl.int64)
@@ -123,12 +141,17 @@ def _router_logits(x, w, partial, tickets, bias, out_w, out_ids, T, D, D_SPLIT, 
     tl.store(partial + (i_s * T + o_t[:, None]) * E + o_e[None, :], acc,
              mask=(o_t[:, None] < T) & (o_e[None, :] < E))
     if TICKET:
-        tl.debug_barrier()  # every thread's partial store precedes the ticket's release
-        n_programs = tl.num_programs(1) * tl.num_programs(2)
-        if tl.atomic_add(tickets + i_t, 1, sem="acq_rel") == n_programs - 1:
-            m_t = o_t < T
-            _select_rows(_summed_slices(partial, o_t, m_t, T, tl.num_programs(2), E, BE_ALL), o_t, m_t, bias,
-                         out_w, out_ids, scale, E, K, G, TG, BE_ALL, BK, BG, SHARED)
+        if last_to_arrive(tickets, i_t, tl.num_programs(1) * tl.num_programs(2)):
+            if ROWS == BT:  # (no row loop: inside one, the [16, 256] selection spilled 28 B on sm_90a)
+                m_t = o_t < T
+                _select_rows(_summed_slices(partial, o_t, m_t, T, tl.num_programs(2), E, BE_ALL, SB), o_t, m_t,
+                             bias, out_w, out_ids, scale, E, K, G, TG, BE_ALL, BK, BG, SHARED)
+            else:
+                for r0 in range(0, tl.minimum(BT, T - i_t * BT), ROWS):
+                    o_r = (i_t * BT + r0 + tl.arange(0, ROWS)).to(tl.int64)
+                    m_r = o_r < T
+                    _select_rows(_summed_slices(partial, o_r, m_r, T, tl.num_programs(2), E, BE_ALL, SB), o_r,
+                                 m_r, bias, out_w, out_ids, scale, E, K, G, TG, BE_ALL, BK, BG, SHARED)
             tl.store(tickets + i_t, 0)  # ready for the next call (same stream, so no other program reads it)
 
 
@@ -138,8 +161,8 @@ def _router_select(partial, bias, out_w, out_ids, T, S, scale, E: tl.constexpr, 
                    BG: tl.constexpr, SHARED: tl.constexpr):
     o_t = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)
     m_t = o_t < T
-    _select_rows(_summed_slices(partial, o_t, m_t, T, S, E, BE), o_t, m_t, bias, out_w, out_ids, scale, E, K, G,
-                 TG, BE, BK, BG, SHARED)
+    _select_rows(_summed_slices(partial, o_t, m_t, T, S, E, BE, 1), o_t, m_t, bias, out_w, out_ids, scale, E, K,
+                 G, TG, BE, BK, BG, SHARED)
 
 
 @triton.jit
@@ -161,15 +184,12 @@ def _router_rows(x, w, bias, out_w, out_ids, T, D, scale, E: tl.constexpr, K: tl
     _select_rows(acc, o_t, m_t, bias, out_w, out_ids, scale, E, K, G, TG, BE, BK, BG, SHARED)
 
 
-_TICKETS: dict = {}
-
-
-def tickets(device, n: int) -> torch.Tensor:
-    """Zeroed int32 tickets, one per row block, kept per device (each call's last program resets its own)."""
-    buf = _TICKETS.get(str(device))
-    if buf is None or buf.numel() < n:
-        buf = _TICKETS[str(device)] = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
-    return buf
+def slices(tiles: int, D: int, BD: int, min_ctas: int) -> tuple[int, int]:
+    """(S, D_SPLIT): the slices of D (D_SPLIT a multiple of BD, rounded down) that give tiles * S >= min_ctas
+    programs where D allows."""
+    want = max(1, min(triton.cdiv(D, BD), triton.cdiv(min_ctas, tiles)))
+    d_split = max(BD, D // want // BD * BD)
+    return triton.cdiv(D, d_split), d_split
 
 
 def _split_logits(x, gate_w, bias, weights, ids, selection):
@@ -179,15 +199,15 @@ def _split_logits(x, gate_w, bias, weights, ids, selection):
     meta, options = split(LOGITS_CONFIGS.pick(T=T, E=E, D=D))
     BT, BE, BD = (16, min(64, max(16, next_pow2(E))), min(256, max(16, next_pow2(D)))) if INTERPRET else \
         (meta["BT"], meta["BE"], meta["BD"])
-    tiles = triton.cdiv(T, BT) * triton.cdiv(E, BE)
-    want = max(1, min(triton.cdiv(D, BD), triton.cdiv(2 * triton_env.sm_count(x.device), tiles)))
-    d_split = triton.cdiv(triton.cdiv(D, want), BD) * BD
-    S = triton.cdiv(D, d_split)
+    S, d_split = slices(triton.cdiv(T, BT) * triton.cdiv(E, BE), D, BD,
+                        max(meta["MIN_CTAS"], 2 * triton_env.sm_count(x.device)))
     partial = torch.empty((S, T, E), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(T, BT), triton.cdiv(E, BE), S)
     ticket = bool(meta["TICKET"])
-    _router_logits[grid](x, gate_w, partial, tickets(x.device, grid[0]), bias, weights, ids, T, D, d_split,
-                         selection["scale"], E=E, BT=BT, BE=BE, BD=BD, TICKET=ticket, **selection["meta"],
+    rows = min(meta["ROWS"], BT)
+    _router_logits[grid](x, gate_w, partial, tickets(ROUTER_TICKETS, x.device, grid[0]), bias, weights, ids, T, D,
+                         d_split, selection["scale"], E=E, BT=BT, BE=BE, BD=BD, TICKET=ticket, ROWS=rows,
+                         SB=max(1, min(16, 4096 // (rows * next_pow2(E)))), **selection["meta"],
                          BE_ALL=next_pow2(E), UPCAST_DOT=INTERPRET, **options)
     if not ticket:
         meta, options = split(SELECT_CONFIGS.pick(T=T, E=E))
