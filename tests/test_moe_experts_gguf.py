@@ -200,3 +200,27 @@ def test_prefill_threshold_is_a_declared_parameter():
         assert prefill_path(16, 2, 8, D, I) == "dequant" and prefill_path(15, 2, 8, D, I) == "grouped"
         inputs = make(16, seed=41)
         check(run(inputs), inputs)  # auto -> dequant
+
+
+@pytest.mark.parametrize("fuse", [1, 0])
+@pytest.mark.parametrize("tokens, experts, topk, split_i, rows", [(1, 5, 4, 2, 128), (3, 6, 2, None, 64)])
+def test_decode_sums_its_slots_in_the_down_kernel(monkeypatch, fuse, tokens, experts, topk, split_i, rows):
+    """FUSE with the GPU layout (BR divides D = 512: 4 or 8 D tiles): the last _decode_down program of each tile sums
+    its slots' partials and _sum_slots never launches; FUSE = 0 launches it. Both against the oracle, twice (the
+    tickets reset)."""
+    from spark_bench.kernels.common import tickets
+    from spark_bench.kernels.moe import slots
+
+    launched = []
+    real = slots._sum_slots
+    monkeypatch.setattr(slots, "_sum_slots", type("Spy", (), {"__getitem__": lambda self, g: launched.append(g)
+                                                              or real[g]})())
+    inputs = make(tokens, 50 + tokens, experts=experts, topk=topk, hidden=512, inter=512)
+    want = naive(**inputs)
+    for _ in range(2):
+        with applied({"moe.slots._sum_slots": {"BT": 1, "BD": 256, "FUSE": fuse, "num_warps": 4}}):
+            out = run(inputs, path="decode", split_i=split_i, rows_per_program=rows)
+        assert nmse(out, want) <= 5e-4
+        check(out, inputs)
+    assert bool(launched) == (not fuse)
+    assert int(tickets("moe.experts_gguf._decode_down", out.device, 1).abs().sum()) == 0

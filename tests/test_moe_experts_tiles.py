@@ -94,3 +94,33 @@ def test_decode_split_reaches_the_cta_target():
     assert up_split(8, 2304, 1024, 16, 1024) == (2, 1152)  # routed: 8 x 2 x 64 = 1024 programs
     assert up_split(1, 2304, 1024, 16, 1024) == (18, 128)  # shared expert: 18 slices of D, 1152 programs
     assert up_split(64, 2304, 1024, 16, 1024) == (1, 2304)  # 64 slots: no split
+
+
+@pytest.mark.parametrize("seed, tokens, experts, topk, routing, split_i", [
+    (0, 1, 9, 8, "uniform", 16), (1, 3, 5, 2, "worst", None), (2, 8, 9, 8, "zipf", 24), (3, 7, 1, 1, "uniform", 8)])
+@pytest.mark.parametrize("fuse", [1, 0])
+def test_decode_sums_its_slots_in_the_down_kernel(monkeypatch, seed, tokens, experts, topk, routing, split_i, fuse):
+    """FUSE (the decode-size choice of moe.slots._sum_slots): the last _decode_down program of each D tile (D = 300:
+    3 tiles of 128 under the interpreter) sums the tile's slot partials, so _sum_slots never launches; FUSE = 0
+    (the candidate) launches it. Both against the reference; the tickets are back to zero for the next call."""
+    from spark_bench.kernels.common import tickets
+    from spark_bench.kernels.moe import slots
+    from spark_bench.kernels.moe.slots import SUM_CONFIGS
+
+    from spark_bench.tune.space import applied
+
+    launched = []
+    real = slots._sum_slots
+    monkeypatch.setattr(slots, "_sum_slots", type("Spy", (), {"__getitem__": lambda self, g: launched.append(g)
+                                                              or real[g]})())
+    inp = inputs(tokens, experts, topk, seed, hidden=300, inter=48, routing=routing)
+    forced = {"moe.slots._sum_slots": {"BT": 1, "BD": 256, "FUSE": fuse, "num_warps": 4}}
+    for _ in range(2):
+        with poisoned_allocations(), applied(forced):
+            out = decode(inp["x"], inp["topk_ids"].int(), inp["topk_weights"].float(), inp["w13"], inp["w2"],
+                         split_i=split_i)
+        check = check_outputs(OP, out, OP.reference(**inp), inp, "bf16")
+        assert check["ok"], check["message"]
+    assert bool(launched) == (not fuse)
+    assert int(tickets("moe.experts_decode._decode_down", inp["x"].device, 1).abs().sum()) == 0
+    assert SUM_CONFIGS.declared(T=8, D=2304)["FUSE"] == 1 and SUM_CONFIGS.declared(T=9, D=2304)["FUSE"] == 0

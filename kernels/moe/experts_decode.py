@@ -13,6 +13,7 @@ Past 64 slots (only when the path is forced) groups are found within windows of 
   _decode_down    part[q*S + s] = w[q] * (w2[e][:, slice s] @ h[q, slice s]) in fp32: one program per (slot, slice of
                   I, BN rows of D). Kimi-Linear T = 1: 8 slots x 144 D tiles = 1152 programs.
   _sum_slots      y[t] = the token's K*S partials summed in a fixed order (kernels/moe/slots.py): deterministic.
+                  At decode sizes (FUSE) the last _decode_down program of each D tile does it instead: no launch.
 S1 and S (slices of D and of I) are the smallest splits that reach MIN_CTAS programs over min(P, E) leaders.
 """
 
@@ -21,7 +22,7 @@ import triton
 import triton.language as tl
 from spark_bench.kernels.common import INTERPRET, next_pow2, round_bf16, rounds_bf16
 from spark_bench.kernels.configs import ConfigSpace, declare, split
-from spark_bench.kernels.moe.slots import sum_slots
+from spark_bench.kernels.moe.slots import FusedSum, sum_tile
 
 # BN >= 16 (the dot's M); BK shrinks so the [BK, BP] activation tile stays within TILE elements.
 SWIGLU_CONFIGS = declare(ConfigSpace(
@@ -111,14 +112,16 @@ def _h_tile(h, o_q, same, o_k, m_k, I, S1, PARTS: tl.constexpr):
 
 
 @triton.jit
-def _decode_down(h, w2, topk_ids, topk_weights, part, P, D, I, I_SPLIT, S, S1, LEAD_STRIDE, BN: tl.constexpr,
-                 BK: tl.constexpr, BP: tl.constexpr, PARTS: tl.constexpr, UPCAST_DOT: tl.constexpr):
+def _decode_down(h, w2, topk_ids, topk_weights, part, y, tickets, T, R, P, D, I, I_SPLIT, S, S1, LEAD_STRIDE,
+                 BN: tl.constexpr, BK: tl.constexpr, BP: tl.constexpr, PARTS: tl.constexpr, FUSE: tl.constexpr,
+                 RP: tl.constexpr, RNE: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    """part[q*S + s, n-tile] for the group of the program's slot; FUSE: the tile's last program sums y (slots.py)."""
     i_ps, i_n = tl.program_id(0), tl.program_id(1)
     i_s = i_ps % S
     leads, e, o_q, same = _group(topk_ids, i_ps // S * LEAD_STRIDE, P, BP)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < D
     if leads:
-        o_n = i_n * BN + tl.arange(0, BN)
-        m_n = o_n < D
         w_row = w2 + e * D * I + o_n[:, None].to(tl.int64) * I
         acc = tl.zeros([BN, BP], dtype=tl.float32)
         k_end = tl.minimum(I, (i_s + 1) * I_SPLIT)
@@ -136,6 +139,8 @@ def _decode_down(h, w2, topk_ids, topk_weights, part, P, D, I, I_SPLIT, S, S1, L
         acc *= tl.load(topk_weights + o_q, mask=same, other=0.0)[None, :]
         tl.store(part + (o_q * S + i_s).to(tl.int64)[None, :] * D + o_n[:, None], acc,
                  mask=m_n[:, None] & same[None, :])
+    if FUSE:
+        sum_tile(part, y, tickets, i_n, tl.num_programs(0), o_n, m_n, T, D, R, RP, RNE)
 
 
 def _block(n: int, cap: int) -> int:
@@ -196,7 +201,9 @@ def decode(x, topk_ids, topk_weights, w13, w2, split_i: int | None = None, split
     if split_i is not None:
         S, i_split = triton.cdiv(I, split_i), split_i
     part = torch.empty((P * S, D), dtype=torch.float32, device=x.device)
-    _decode_down[(leaders * S, triton.cdiv(D, BN))](h, w2, topk_ids, topk_weights, part, P, D, I, i_split, S, S1,
-                                                    stride, BN=BN, BK=BK, BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET,
-                                                    **options)
-    return sum_slots(part, T, x.dtype)
+    slot_sum = FusedSum("moe.experts_decode._decode_down", T, D, K * S, x.dtype, x.device)
+    _decode_down[(leaders * S, triton.cdiv(D, BN))](h, w2, topk_ids, topk_weights, part, P=P, D=D, I=I,
+                                                    I_SPLIT=i_split, S=S, S1=S1, LEAD_STRIDE=stride, BN=BN, BK=BK,
+                                                    BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET,
+                                                    **slot_sum.kernel_args(part, triton.cdiv(D, BN)), **options)
+    return slot_sum.finish(part)

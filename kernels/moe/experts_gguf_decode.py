@@ -1,7 +1,8 @@
 """GGUF routed experts at decode (few tokens): matrix-vector products straight on the Q2_K / Q3_K blocks.
 
     h[p]  = silu(x[t] . w1[e]) * (x[t] . w3[e])        (_decode_up, Q2_K, pair p = t*K + k, e = ids[p])
-    part  = weights[p] * (h[p] . w2[e])                  (_decode_down, Q3_K; _sum_slots adds a token's K*S parts)
+    part  = weights[p] * (h[p] . w2[e])                  (_decode_down, Q3_K; a token's K*S parts summed by the
+                                                          last program of each D tile, or by _sum_slots)
 
 Each program owns BR output rows of one pair and walks its reduction one whole 256-weight super-block per
 iteration (kernels/quant/kdot.py): the activation slice is loaded once per program and broadcast over the rows, each
@@ -24,7 +25,7 @@ import triton
 import triton.language as tl
 from spark_bench.kernels.common import INTERPRET, next_pow2
 from spark_bench.kernels.configs import ConfigSpace, declare, split
-from spark_bench.kernels.moe.slots import sum_slots
+from spark_bench.kernels.moe.slots import FusedSum, sum_tile
 from spark_bench.kernels.quant.kdot import row_sums, superblock_fma, superblock_offsets
 from spark_bench.kernels.quant.kquants import block_ptr
 
@@ -128,10 +129,11 @@ def _h_block(h, p, off, mask, I, S1, SHARED: tl.constexpr, PARTS: tl.constexpr):
 
 
 @triton.jit
-def _decode_down(h, ids, weights, w2, part, P, S, S1, D, I, rb2, NB_SPLIT, BR: tl.constexpr, SHARED: tl.constexpr,
-                 PARTS: tl.constexpr):
+def _decode_down(h, ids, weights, w2, part, y, tickets, T, R, P, S, S1, D, I, rb2, NB_SPLIT, BR: tl.constexpr,
+                 SHARED: tl.constexpr, PARTS: tl.constexpr, FUSE: tl.constexpr, RP: tl.constexpr, RNE: tl.constexpr):
     """part[p*S + s, n] = weights[p] * (h[p] . w2[e, n]) over super-blocks s*NB_SPLIT .. (s+1)*NB_SPLIT - 1 of I
-    (S * NB_SPLIT = I / 256); rows (p*S + s, n) flattened, fp32 partials (summed per token by _sum_slots)."""
+    (S * NB_SPLIT = I / 256); rows (p*S + s, n) flattened, fp32 partials summed per token by _sum_slots, or (FUSE,
+    which needs SHARED: a program's rows are one D tile of one (p, s)) by the tile's last program."""
     r, ok, ps, n = _flat_rows(D, P * S * D, BR, SHARED)
     ok3 = ok[:, :, None, None, None]
     p = ps // S
@@ -146,6 +148,10 @@ def _decode_down(h, ids, weights, w2, part, P, S, S1, D, I, rb2, NB_SPLIT, BR: t
         acc = superblock_fma(block_ptr(rows, b0 + j, True), ok, hv, acc, True)
     acc = row_sums(acc)
     tl.store(part + r, acc * wt, mask=ok)
+    if FUSE:
+        tile = tl.program_id(0) % (D // BR)
+        o_n = tile * BR + tl.arange(0, BR)
+        sum_tile(part, y, tickets, tile, P * S, o_n, o_n < D, T, D, R, RP, RNE)
 
 
 def down_split(P: int, D: int, NB: int, BR: int, min_ctas: int) -> int:
@@ -172,6 +178,11 @@ def decode(x, ids, weights, w13, w2, T, D, I, K, rows_per_program=None, split_i=
     BR = rows_per_program or (min(next_pow2(P * D), 1024) if INTERPRET else meta["BR"])
     S = split_i or down_split(P, D, I // 256, BR, meta["MIN_CTAS"])
     part = torch.empty((P * S, D), dtype=torch.float32, device=x.device)
-    _decode_down[(triton.cdiv(P * S * D, BR),)](h, ids, weights, w2, part, P, S, S1, D, I, w2.shape[2],
-                                                I // 256 // S, BR=BR, SHARED=D % BR == 0, PARTS=parts, **options)
-    return sum_slots(part, T, x.dtype)
+    # fused: needs one D tile per program (BR | D); not with PARTS at 4 warps, where 16-row programs sit at the
+    # register edge (2 specialisations spilled 4 B with the fused epilogue under triton 3.9)
+    fusable = D % BR == 0 and not (parts and options.get("num_warps", 4) < 8)
+    slot_sum = FusedSum("moe.experts_gguf._decode_down", T, D, K * S, x.dtype, x.device, allowed=fusable)
+    _decode_down[(triton.cdiv(P * S * D, BR),)](h, ids, weights, w2, part, P=P, S=S, S1=S1, D=D, I=I,
+                                                rb2=w2.shape[2], NB_SPLIT=I // 256 // S, BR=BR, SHARED=D % BR == 0,
+                                                PARTS=parts, **slot_sum.kernel_args(part, D // BR), **options)
+    return slot_sum.finish(part)

@@ -1,18 +1,28 @@
 """y[t] = sum over the R partial rows of token t (rows t*R .. t*R + R - 1 of [T*R, D], any float dtype), summed in
 fp32 in a fixed order (deterministic: no atomics). R is K (one row per routed slot) or K*S (a slot's output split
-over S slices of the reduction). Used by the bf16 and GGUF expert paths."""
+over S slices of the reduction). Used by the bf16 and GGUF expert paths.
+
+Two ways, chosen by the declared FUSE of `moe.slots._sum_slots` (1 at decode sizes, T <= 8):
+  _sum_slots      its own launch (BT tokens x BD columns per program);
+  sum_tile        inside the kernel that writes the partials: the last of a D tile's programs to finish (a ticket
+                  per tile, kernels/common.py) sums the tile's T x R rows and stores y. At T = 1 that removes a
+                  launch of D / 256 = 9 programs (Kimi-Linear) from the decode path; the winner's loop is serial
+                  over tokens, hence decode sizes only.
+"""
 
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET, next_pow2, round_bf16, rounds_bf16
+from spark_bench.kernels.common import INTERPRET, last_to_arrive, next_pow2, round_bf16, rounds_bf16, tickets
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 
 SUM_CONFIGS = declare(ConfigSpace(
-    "moe.slots._sum_slots", key=("T", "D"), default={"BT": 16, "BD": 128, "num_warps": 4},
-    buckets=[({"T": 8}, {"BT": 1, "BD": 256, "num_warps": 4})],  # decode: one token per program, D/256 programs
-    candidates=[{"BT": 8, "BD": 256, "num_warps": 4}, {"BT": 32, "BD": 128, "num_warps": 8}],
-    doc="BT tokens x BD columns per program; the R partials of a token are summed in registers"))
+    "moe.slots._sum_slots", key=("T", "D"),
+    default={"BT": 16, "BD": 128, "FUSE": 0, "num_warps": 4},
+    buckets=[({"T": 8}, {"BT": 1, "BD": 256, "FUSE": 1, "num_warps": 4})],  # decode: in the partials' kernel
+    candidates=[{"BT": 1, "BD": 256, "FUSE": 0, "num_warps": 4},  # decode, its own launch: D / 256 programs
+                {"BT": 8, "BD": 256, "FUSE": 0, "num_warps": 4}, {"BT": 32, "BD": 128, "FUSE": 0, "num_warps": 8}],
+    doc="FUSE: the partials' kernel sums them (a ticket per D tile); else BT tokens x BD columns per program"))
 
 
 @triton.jit
@@ -26,12 +36,50 @@ def _sum_slots(y_slots, y, T, D, R: tl.constexpr, BT: tl.constexpr, BD: tl.const
     tl.store(y + o_t[:, None] * D + o_d[None, :], round_bf16(acc, RNE).to(y.dtype.element_ty), mask=mask)
 
 
-def sum_slots(y_slots: torch.Tensor, T: int, out_dtype: torch.dtype) -> torch.Tensor:
+@triton.jit
+def sum_tile(part, y, tickets, tile, n_programs, o_n, m_n, T, D, R, RP: tl.constexpr, RNE: tl.constexpr):
+    """Called by each of the n_programs programs of D tile `tile` (columns o_n) after storing its partials: the last
+    to arrive stores y[t, o_n] = the sum of token t's R rows of part (a [RP, BN] tile per token, summed by one
+    tl.sum: a fixed order) for every token, then resets the ticket."""
+    if last_to_arrive(tickets, tile, n_programs):
+        o_r = tl.arange(0, RP)
+        mask = (o_r < R)[:, None] & m_n[None, :]
+        for t in range(T):
+            rows = (t * R + o_r).to(tl.int64)
+            v = tl.load(part + rows[:, None] * D + o_n[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(y + t * D + o_n, round_bf16(tl.sum(v, axis=0), RNE).to(y.dtype.element_ty), mask=m_n)
+        tl.store(tickets + tile, 0)
+
+
+class FusedSum:
+    """How a partials kernel sums its slots: `fused` (FUSE, the declared choice at T tokens and D columns; the
+    kernel then takes `kernel_args(tiles)` and the result is `y`), else `finish(part)` launches _sum_slots."""
+
+    def __init__(self, owner: str, T: int, D: int, R: int, out_dtype: torch.dtype, device, allowed: bool = True):
+        self.config = SUM_CONFIGS.pick(T=T, D=D)
+        self.fused = bool(self.config["FUSE"]) and allowed
+        self.owner, self.T, self.D, self.R, self.out_dtype = owner, T, D, R, out_dtype
+        self.y = torch.empty((T, D), dtype=out_dtype, device=device) if self.fused else None
+
+    def kernel_args(self, part: torch.Tensor, tiles: int) -> dict:
+        """The partials kernel's arguments y, tickets, T, R and constexprs FUSE, RP, RNE (unfused: part stands in for
+        the pointers it does not use)."""
+        if not self.fused:
+            return {"y": part, "tickets": part, "T": self.T, "R": self.R, "FUSE": False, "RP": 1, "RNE": False}
+        return {"y": self.y, "tickets": tickets(self.owner, part.device, tiles), "T": self.T, "R": self.R,
+                "FUSE": True, "RP": next_pow2(self.R), "RNE": rounds_bf16(self.out_dtype)}
+
+    def finish(self, part: torch.Tensor) -> torch.Tensor:
+        return self.y if self.fused else sum_slots(part, self.T, self.out_dtype, self.config)
+
+
+def sum_slots(y_slots: torch.Tensor, T: int, out_dtype: torch.dtype, config: dict | None = None) -> torch.Tensor:
     """[T*R, D] partials -> [T, D] in out_dtype (the R rows of each token summed in order, fp32)."""
     D = y_slots.shape[1]
     R = y_slots.shape[0] // T
     y = torch.empty((T, D), dtype=out_dtype, device=y_slots.device)
-    meta, options = split(SUM_CONFIGS.pick(T=T, D=D))
+    meta, options = split(config or SUM_CONFIGS.pick(T=T, D=D))
+    meta.pop("FUSE", None)
     BT, BD = (max(1, min(next_pow2(T), 64)), max(16, min(next_pow2(D), 256))) if INTERPRET else \
         (meta["BT"], meta["BD"])
     _sum_slots[(triton.cdiv(T, BT), triton.cdiv(D, BD))](y_slots, y, T, D, R=R, BT=BT, BD=BD,
