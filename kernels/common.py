@@ -75,7 +75,11 @@ def tickets(owner: str, device, n: int) -> torch.Tensor:
 def last_to_arrive(tickets, tile, n_programs):
     """True in the last of the n_programs programs of `tile` to get here. Every thread's earlier stores precede
     the ticket (barrier, then an acq_rel atomic at GPU scope); the winner reads the others' stores with .cg loads
-    (L2: they were written on other SMs) and calls `tl.store(tickets + tile, 0)` when done."""
+    (L2: they were written on other SMs). The winner resets the ticket at once (no program of this launch takes it
+    again): resetting after its work made ptxas keep the store's predicate in local memory (a 4 B "spill")."""
     tl.debug_barrier()
-    return tl.atomic_add(tickets + tile, 1, sem="acq_rel") == n_programs - 1
+    won = tl.atomic_add(tickets + tile, 1, sem="acq_rel") == n_programs - 1
+    if won:
+        tl.store(tickets + tile, 0)
+    return won
 

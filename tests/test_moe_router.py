@@ -145,7 +145,8 @@ def test_router_paths_match_the_loop(monkeypatch, path, ticket, rows, sms, seed,
     monkeypatch.setattr(triton_env, "sm_count", lambda device: sms)
     p = params(tokens, hidden=hidden, experts=experts, topk=topk, groups=groups, topk_groups=topk_groups)
     inputs = OP.make_inputs(p, seed=seed)
-    forced = {"moe.router._router_logits": {**kernel.LOGITS_CONFIGS.default, "TICKET": ticket, "ROWS": rows}}
+    forced = {"moe.router._router_logits": {**kernel.LOGITS_CONFIGS.default, "TICKET": ticket, "ROWS": rows,
+                                            "SB": 1 if rows > 1 else 8}}
     for _ in range(2):  # the second call finds the tickets reset by the first
         with applied(forced):
             w, ids = kernel.route(inputs["x"], inputs["gate_w"], inputs["gate_bias"], topk, groups, topk_groups,

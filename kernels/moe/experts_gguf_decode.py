@@ -178,10 +178,11 @@ def decode(x, ids, weights, w13, w2, T, D, I, K, rows_per_program=None, split_i=
     BR = rows_per_program or (min(next_pow2(P * D), 1024) if INTERPRET else meta["BR"])
     S = split_i or down_split(P, D, I // 256, BR, meta["MIN_CTAS"])
     part = torch.empty((P * S, D), dtype=torch.float32, device=x.device)
-    # fused: needs one D tile per program (BR | D); not with PARTS at 4 warps, where 16-row programs sit at the
-    # register edge (2 specialisations spilled 4 B with the fused epilogue under triton 3.9)
-    fusable = D % BR == 0 and not (parts and options.get("num_warps", 4) < 8)
-    slot_sum = FusedSum("moe.experts_gguf._decode_down", T, D, K * S, x.dtype, x.device, allowed=fusable)
+    # fused: needs one D tile per program (BR divides D); not with PARTS (the gate/up split of few pairs): with the
+    # fused epilogue ptxas kept a value of those programs in local memory (4 B "spills" at 32-80 registers, in
+    # different specialisations under triton 3.9 and 3.6 as the code moved)
+    slot_sum = FusedSum("moe.experts_gguf._decode_down", T, D, K * S, x.dtype, x.device,
+                        allowed=D % BR == 0 and not parts)
     _decode_down[(triton.cdiv(P * S * D, BR),)](h, ids, weights, w2, part, P=P, S=S, S1=S1, D=D, I=I,
                                                 rb2=w2.shape[2], NB_SPLIT=I // 256 // S, BR=BR, SHARED=D % BR == 0,
                                                 PARTS=parts, **slot_sum.kernel_args(part, D // BR), **options)

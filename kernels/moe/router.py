@@ -28,14 +28,15 @@ from spark_bench import triton_env
 # 2 per SM). ROWS: rows the ticket's winner selects at a time ([ROWS, next_pow2(E)] tiles: 16 needs 4 warps).
 LOGITS_CONFIGS = declare(ConfigSpace(
     "moe.router._router_logits", key=("T", "E", "D"),
-    default={"BT": 16, "BE": 32, "BD": 64, "ROWS": 16, "MIN_CTAS": 0, "TICKET": 1, "num_warps": 4},
-    buckets=[({"T": 4}, {"BT": 16, "BE": 16, "BD": 32, "ROWS": 1, "MIN_CTAS": 1024, "TICKET": 1, "num_warps": 2})],
-    candidates=[{"BT": 16, "BE": 64, "BD": 64, "ROWS": 16, "MIN_CTAS": 0, "TICKET": 1, "num_warps": 4},
+    default={"BT": 16, "BE": 32, "BD": 64, "ROWS": 16, "SB": 1, "MIN_CTAS": 0, "TICKET": 1, "num_warps": 4},
+    buckets=[({"T": 4},
+              {"BT": 16, "BE": 16, "BD": 32, "ROWS": 1, "SB": 16, "MIN_CTAS": 1024, "TICKET": 1, "num_warps": 2})],
+    candidates=[{"BT": 16, "BE": 64, "BD": 64, "ROWS": 16, "SB": 1, "MIN_CTAS": 0, "TICKET": 1, "num_warps": 4},
                 # (16x64x128 spilled 8-12 B on sm_90a)
-                {"BT": 16, "BE": 32, "BD": 64, "ROWS": 16, "MIN_CTAS": 0, "TICKET": 0, "num_warps": 4},
-                {"BT": 16, "BE": 32, "BD": 64, "ROWS": 1, "MIN_CTAS": 512, "TICKET": 1, "num_warps": 2}],
+                {"BT": 16, "BE": 32, "BD": 64, "ROWS": 16, "SB": 1, "MIN_CTAS": 0, "TICKET": 0, "num_warps": 4},
+                {"BT": 16, "BE": 32, "BD": 64, "ROWS": 1, "SB": 8, "MIN_CTAS": 512, "TICKET": 1, "num_warps": 4}],
     doc="BT tokens x BE experts per program, BD of D per step, D split until MIN_CTAS programs; TICKET: the last "
-        "program of a row block selects, ROWS rows at a time"))
+        "program of a row block selects, ROWS rows at a time, summing SB slices per load"))
 ROUTER_TICKETS = "moe.router._router_logits"
 # Two-launch fallback's selection: BT = BUDGET // next_pow2(E) rows per program.
 SELECT_CONFIGS = declare(ConfigSpace(
@@ -152,7 +153,6 @@ def _router_logits(x, w, partial, tickets, bias, out_w, out_ids, T, D, D_SPLIT, 
                     m_r = o_r < T
                     _select_rows(_summed_slices(partial, o_r, m_r, T, tl.num_programs(2), E, BE_ALL, SB), o_r,
                                  m_r, bias, out_w, out_ids, scale, E, K, G, TG, BE_ALL, BK, BG, SHARED)
-            tl.store(tickets + i_t, 0)  # ready for the next call (same stream, so no other program reads it)
 
 
 @triton.jit
@@ -207,7 +207,7 @@ def _split_logits(x, gate_w, bias, weights, ids, selection):
     rows = min(meta["ROWS"], BT)
     _router_logits[grid](x, gate_w, partial, tickets(ROUTER_TICKETS, x.device, grid[0]), bias, weights, ids, T, D,
                          d_split, selection["scale"], E=E, BT=BT, BE=BE, BD=BD, TICKET=ticket, ROWS=rows,
-                         SB=max(1, min(16, 4096 // (rows * next_pow2(E)))), **selection["meta"],
+                         SB=max(1, min(meta["SB"], 4096 // (rows * next_pow2(E)))), **selection["meta"],
                          BE_ALL=next_pow2(E), UPCAST_DOT=INTERPRET, **options)
     if not ticket:
         meta, options = split(SELECT_CONFIGS.pick(T=T, E=E))

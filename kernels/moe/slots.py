@@ -40,7 +40,7 @@ def _sum_slots(y_slots, y, T, D, R: tl.constexpr, BT: tl.constexpr, BD: tl.const
 def sum_tile(part, y, tickets, tile, n_programs, o_n, m_n, T, D, R, RP: tl.constexpr, RNE: tl.constexpr):
     """Called by each of the n_programs programs of D tile `tile` (columns o_n) after storing its partials: the last
     to arrive stores y[t, o_n] = the sum of token t's R rows of part (a [RP, BN] tile per token, summed by one
-    tl.sum: a fixed order) for every token, then resets the ticket."""
+    tl.sum: a fixed order) for every token."""
     if last_to_arrive(tickets, tile, n_programs):
         o_r = tl.arange(0, RP)
         mask = (o_r < R)[:, None] & m_n[None, :]
@@ -48,7 +48,6 @@ def sum_tile(part, y, tickets, tile, n_programs, o_n, m_n, T, D, R, RP: tl.const
             rows = (t * R + o_r).to(tl.int64)
             v = tl.load(part + rows[:, None] * D + o_n[None, :], mask=mask, other=0.0, cache_modifier=".cg")
             tl.store(y + t * D + o_n, round_bf16(tl.sum(v, axis=0), RNE).to(y.dtype.element_ty), mask=m_n)
-        tl.store(tickets + tile, 0)
 
 
 class FusedSum:
