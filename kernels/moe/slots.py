@@ -52,13 +52,14 @@ def sum_tile(part, y, tickets, tile, n_programs, o_n, m_n, T, D, R, RP: tl.const
 
 
 class FusedSum:
-    """How a partials kernel sums its slots: `fused` (FUSE, the declared choice at T tokens and D columns; the
-    kernel then takes `kernel_args(tiles)` and the result is `y`), else `finish(part)` launches _sum_slots."""
+    """How a partials kernel's slots are summed: in the kernel when `fused` (the declared FUSE at T tokens and D
+    columns, and `allowed` by the caller), else by a _sum_slots launch. The kernel takes `kernel_args(part, tiles)`;
+    `finish(part)` returns y either way."""
 
     def __init__(self, owner: str, T: int, D: int, R: int, out_dtype: torch.dtype, device, allowed: bool = True):
         self.config = SUM_CONFIGS.pick(T=T, D=D)
         self.fused = bool(self.config["FUSE"]) and allowed
-        self.owner, self.T, self.D, self.R, self.out_dtype = owner, T, D, R, out_dtype
+        self.owner, self.T, self.R, self.out_dtype = owner, T, R, out_dtype
         self.y = torch.empty((T, D), dtype=out_dtype, device=device) if self.fused else None
 
     def kernel_args(self, part: torch.Tensor, tiles: int) -> dict:
