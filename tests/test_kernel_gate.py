@@ -11,7 +11,7 @@ import pytest
 
 from spark_bench.kernelgate import gate
 from spark_bench.kernelgate.capture import Spec
-from spark_bench.kernelgate.offline import compile_all, parse_ptxas_log, tensor_core_instructions
+from spark_bench.kernelgate.offline import compile_all, parse_ptxas_log, parse_res_usage, tensor_core_instructions
 from spark_bench.kernelgate.targets import TARGETS
 
 pytest.importorskip("triton")
@@ -37,6 +37,18 @@ def test_ptxas_log_and_ptx_are_read():
     assert parse_ptxas_log(log) == {"regs": 255, "stack": 8, "spill_stores": 24, "spill_loads": 20}
     with pytest.raises(ValueError):
         parse_ptxas_log("")  # a cache hit prints nothing: never read it as zero spills
+
+
+def test_res_usage_of_a_cached_cubin_counts_its_spills():
+    """A Triton cache hit runs no ptxas, so the gate reads the cubin with cuobjdump. The recorded case (GGUF
+    _decode_down, ptxas: 4 B spill stores, 8 B stack frame) reads LOCAL:0 there: the stack must count."""
+    text = (" Function _decode_down:\n"
+            "  REG:80 STACK:8 SHARED:1024 LOCAL:0 CONSTANT[0]:616 TEXTURE:0 SURFACE:0 SAMPLER:0\n")
+    assert parse_res_usage(text) == {"regs": 80, "stack": 8, "spill_stores": 8, "spill_loads": 0}
+    clean = "  REG:96 STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:600 TEXTURE:0 SURFACE:0 SAMPLER:0\n"
+    assert parse_res_usage(clean)["spill_stores"] == 0
+    with pytest.raises(ValueError):
+        parse_res_usage("")
     ptx = ("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {...}\n"
            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {...}\n")
     assert tensor_core_instructions(ptx) == ["mma.sync m16n8k8 tf32", "wgmma m64n64k16 bf16"]

@@ -102,11 +102,19 @@ def cubin_resource_usage(cubin: bytes) -> dict[str, int]:
         f.flush()
         text = subprocess.run([knobs.nvidia.cuobjdump.path, "-res-usage", f.name], capture_output=True, text=True,
                               check=True).stdout
+    return parse_res_usage(text)
+
+
+def parse_res_usage(text: str) -> dict[str, int]:
+    """`cuobjdump -res-usage` -> registers and local memory. Spills show there as STACK, not LOCAL (a kernel whose
+    ptxas log said "8 bytes stack frame, 4 bytes spill stores" reads "REG:80 STACK:8 ... LOCAL:0"), and the
+    counts cannot be told apart from other stack use, so any stack or local memory counts as spill stores."""
     regs = [int(r) for r in re.findall(r"REG:(\d+)", text)]
-    local = [int(r) for r in re.findall(r"LOCAL:(\d+)", text)]
+    stack = sum(int(r) for r in re.findall(r"STACK:(\d+)", text))
+    local = sum(int(r) for r in re.findall(r"LOCAL:(\d+)", text))
     if not regs:
         raise ValueError(f"no resource usage in cuobjdump's output: {text[:200]!r}")
-    return {"regs": max(regs), "stack": 0, "spill_stores": sum(local), "spill_loads": 0}
+    return {"regs": max(regs), "stack": stack, "spill_stores": stack + local, "spill_loads": 0}
 
 
 def _constexpr_value(value: Any) -> Any:
