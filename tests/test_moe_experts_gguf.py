@@ -203,8 +203,10 @@ def test_prefill_threshold_is_a_declared_parameter():
 
 
 @pytest.mark.parametrize("fuse", [1, 0])
-@pytest.mark.parametrize("tokens, experts, topk, split_i, rows", [(1, 5, 4, 2, 128), (3, 6, 2, None, 64)])
-def test_decode_sums_its_slots_in_the_down_kernel(monkeypatch, fuse, tokens, experts, topk, split_i, rows):
+@pytest.mark.parametrize("tokens, experts, topk, split_i, split_d, rows", [
+    (1, 5, 4, 2, None, 128), (3, 6, 2, None, None, 64),
+    (1, 1, 1, 2, 2, 128)])  # the shared expert's gate/up split over D (PARTS): fused too
+def test_decode_sums_its_slots_in_the_down_kernel(monkeypatch, fuse, tokens, experts, topk, split_i, split_d, rows):
     """FUSE with the GPU layout (BR divides D = 512: 4 or 8 D tiles): the last _decode_down program of each tile sums
     its slots' partials and _sum_slots never launches; FUSE = 0 launches it. Both against the oracle, twice (the
     tickets reset)."""
@@ -219,7 +221,7 @@ def test_decode_sums_its_slots_in_the_down_kernel(monkeypatch, fuse, tokens, exp
     want = naive(**inputs)
     for _ in range(2):
         with applied({"moe.slots._sum_slots": {"BT": 1, "BD": 256, "FUSE": fuse, "num_warps": 4}}):
-            out = run(inputs, path="decode", split_i=split_i, rows_per_program=rows)
+            out = run(inputs, path="decode", split_i=split_i, split_d=split_d, rows_per_program=rows)
         assert nmse(out, want) <= 5e-4
         check(out, inputs)
     assert bool(launched) == (not fuse)

@@ -96,10 +96,13 @@ def test_decode_split_reaches_the_cta_target():
     assert up_split(64, 2304, 1024, 16, 1024) == (1, 2304)  # 64 slots: no split
 
 
-@pytest.mark.parametrize("seed, tokens, experts, topk, routing, split_i", [
-    (0, 1, 9, 8, "uniform", 16), (1, 3, 5, 2, "worst", None), (2, 8, 9, 8, "zipf", 24), (3, 7, 1, 1, "uniform", 8)])
+@pytest.mark.parametrize("seed, tokens, experts, topk, routing, split_i, split_d", [
+    (0, 1, 9, 8, "uniform", 16, None), (1, 3, 5, 2, "worst", None, None), (2, 8, 9, 8, "zipf", 24, None),
+    (3, 7, 1, 1, "uniform", 8, None),
+    (4, 1, 1, 1, "uniform", 16, 32), (5, 3, 7, 1, "zipf", None, 64)])  # gate/up split over D (PARTS): fused too
 @pytest.mark.parametrize("fuse", [1, 0])
-def test_decode_sums_its_slots_in_the_down_kernel(monkeypatch, seed, tokens, experts, topk, routing, split_i, fuse):
+def test_decode_sums_its_slots_in_the_down_kernel(monkeypatch, seed, tokens, experts, topk, routing, split_i, split_d,
+                                                  fuse):
     """FUSE (the decode-size choice of moe.slots._sum_slots): the last _decode_down program of each D tile (D = 300:
     3 tiles of 128 under the interpreter) sums the tile's slot partials, so _sum_slots never launches; FUSE = 0
     (the candidate) launches it. Both against the reference; the tickets are back to zero for the next call."""
@@ -118,7 +121,7 @@ def test_decode_sums_its_slots_in_the_down_kernel(monkeypatch, seed, tokens, exp
     for _ in range(2):
         with poisoned_allocations(), applied(forced):
             out = decode(inp["x"], inp["topk_ids"].int(), inp["topk_weights"].float(), inp["w13"], inp["w2"],
-                         split_i=split_i)
+                         split_i=split_i, split_d=split_d)
         check = check_outputs(OP, out, OP.reference(**inp), inp, "bf16")
         assert check["ok"], check["message"]
     assert bool(launched) == (not fuse)

@@ -201,9 +201,7 @@ def decode(x, topk_ids, topk_weights, w13, w2, split_i: int | None = None, split
     if split_i is not None:
         S, i_split = triton.cdiv(I, split_i), split_i
     part = torch.empty((P * S, D), dtype=torch.float32, device=x.device)
-    # not fused with PARTS (the gate/up split of few slots): ptxas kept a value in local memory there with the fused
-    # epilogue (4 B "spills", quick shapes, triton 3.6), as in the GGUF kernel
-    slot_sum = FusedSum("moe.experts_decode._decode_down", T, D, K * S, x.dtype, x.device, allowed=not parts)
+    slot_sum = FusedSum("moe.experts_decode._decode_down", T, D, K * S, x.dtype, x.device)
     _decode_down[(leaders * S, triton.cdiv(D, BN))](h, w2, topk_ids, topk_weights, part, P=P, D=D, I=I,
                                                     I_SPLIT=i_split, S=S, S1=S1, LEAD_STRIDE=stride, BN=BN, BK=BK,
                                                     BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET,

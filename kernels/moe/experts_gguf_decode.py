@@ -1,8 +1,9 @@
 """GGUF routed experts at decode (few tokens): matrix-vector products straight on the Q2_K / Q3_K blocks.
 
-    h[p]  = silu(x[t] . w1[e]) * (x[t] . w3[e])        (_decode_up, Q2_K, pair p = t*K + k, e = ids[p])
-    part  = weights[p] * (h[p] . w2[e])                  (_decode_down, Q3_K; a token's K*S parts summed by the
-                                                          last program of each D tile, or by _sum_slots)
+    h[p]  = weights[p] * silu(x[t] . w1[e]) * (x[t] . w3[e])   (_decode_up, Q2_K, pair p = t*K + k, e = ids[p])
+    part  = h[p] . w2[e]                                          (_decode_down, Q3_K; a token's K*S parts summed
+                                                                   by the last program of each D tile, or by
+                                                                   _sum_slots)
 
 Each program owns BR output rows of one pair and walks its reduction one whole 256-weight super-block per
 iteration (kernels/quant/kdot.py): the activation slice is loaded once per program and broadcast over the rows, each
@@ -16,8 +17,8 @@ Grids: programs over the flattened (pair, slice, row) outputs, so T = 1 already 
 T*K*S*D/BR down programs (>= 1,024 at Kimi-Linear sizes). The slices split the reduction: S of I (down) and S1 of D
 (gate/up, the shared expert's few pairs) chosen so a grid reaches MIN_CTAS; their fp32 partials are summed in a
 fixed order (deterministic, no atomics): gate/up partials by the down kernel as it loads h, down partials by
-_sum_slots (kernels/moe/slots.py). Matrix-vector products on CUDA cores: a single token never pads a 16-row
-tensor-core tile.
+the last program of each D tile or by _sum_slots (kernels/moe/slots.py). Matrix-vector products on CUDA cores: a
+single token never pads a 16-row tensor-core tile.
 """
 
 import torch
@@ -82,11 +83,13 @@ def _row_load(ptr, mask, SHARED: tl.constexpr):
 
 
 @triton.jit
-def _decode_up(x, ids, w13, h, P, S1, K, D, I, rb13, NB_SPLIT, BR: tl.constexpr, SHARED: tl.constexpr,
+def _decode_up(x, ids, weights, w13, h, P, S1, K, D, I, rb13, NB_SPLIT, BR: tl.constexpr, SHARED: tl.constexpr,
                PARTS: tl.constexpr):
-    """h[p, n] = silu(x[t] . w1[e, n]) * (x[t] . w3[e, n]) for pair p = t*K + k, e = ids[p]; rows (p*S1 + s, n)
-    flattened, fp32 h. PARTS (S1 > 1 slices of NB_SPLIT super-blocks of D): the gate and up dots of slice s go out
-    as partials h[p*S1 + s] = [gate | up] ([P*S1, 2I]), finished by _decode_down."""
+    """h[p, n] = weights[p] * silu(x[t] . w1[e, n]) * (x[t] . w3[e, n]) for pair p = t*K + k, e = ids[p]; rows
+    (p*S1 + s, n) flattened, fp32 h. PARTS (S1 > 1 slices of NB_SPLIT super-blocks of D): the gate and up dots of
+    slice s go out as partials h[p*S1 + s] = [gate | weights[p] * up] ([P*S1, 2I]), finished by _decode_down.
+    The routing weight enters here (the down projection is linear in h): in _decode_down its value stayed live
+    across the super-block loop and ptxas kept it in local memory (a 4 B spill) with the fused slot sum."""
     r, ok, ps, n = _flat_rows(I, P * S1 * I, BR, SHARED)
     ok3 = ok[:, :, None, None, None]
     p = ps // S1
@@ -103,7 +106,7 @@ def _decode_up(x, ids, w13, h, P, S1, K, D, I, rb13, NB_SPLIT, BR: tl.constexpr,
         acc_g = superblock_fma(block_ptr(gate_rows, b0 + j, False), ok, xv, acc_g, False)
         acc_u = superblock_fma(block_ptr(up_rows, b0 + j, False), ok, xv, acc_u, False)
     acc_g = row_sums(acc_g)
-    acc_u = row_sums(acc_u)
+    acc_u = row_sums(acc_u) * _row_load(weights + p, ok, SHARED)
     if PARTS:
         row = h + ps * 2 * I + n
         tl.store(row, acc_g, mask=ok)
@@ -118,10 +121,11 @@ def _h_block(h, p, off, mask, I, S1, SHARED: tl.constexpr, PARTS: tl.constexpr):
     if PARTS:
         g = tl.zeros(off.shape, dtype=tl.float32)
         u = tl.zeros(off.shape, dtype=tl.float32)
-        for s in range(S1):
-            row = h + (p * S1 + s) * 2 * I + off
+        row = h + p * S1 * 2 * I + off
+        for _ in range(S1):
             g += _row_load(row, mask, SHARED)
             u += _row_load(row + I, mask, SHARED)
+            row += 2 * I
         hk = _silu_mul(g, u)
     else:
         hk = _row_load(h + p * I + off, mask, SHARED)
@@ -129,25 +133,24 @@ def _h_block(h, p, off, mask, I, S1, SHARED: tl.constexpr, PARTS: tl.constexpr):
 
 
 @triton.jit
-def _decode_down(h, ids, weights, w2, part, y, tickets, T, R, P, S, S1, D, I, rb2, NB_SPLIT, BR: tl.constexpr,
+def _decode_down(h, ids, w2, part, y, tickets, T, R, P, S, S1, D, I, rb2, NB_SPLIT, BR: tl.constexpr,
                  SHARED: tl.constexpr, PARTS: tl.constexpr, FUSE: tl.constexpr, RP: tl.constexpr, RNE: tl.constexpr):
-    """part[p*S + s, n] = weights[p] * (h[p] . w2[e, n]) over super-blocks s*NB_SPLIT .. (s+1)*NB_SPLIT - 1 of I
-    (S * NB_SPLIT = I / 256); rows (p*S + s, n) flattened, fp32 partials summed per token by _sum_slots, or (FUSE,
-    which needs SHARED: a program's rows are one D tile of one (p, s)) by the tile's last program."""
+    """part[p*S + s, n] = h[p] . w2[e, n] (h carries the routing weight) over super-blocks s*NB_SPLIT ..
+    (s+1)*NB_SPLIT - 1 of I (S * NB_SPLIT = I / 256); rows (p*S + s, n) flattened, fp32 partials summed per token
+    by _sum_slots, or (FUSE, which needs SHARED: a program's rows are one D tile of one (p, s)) by the tile's last
+    program."""
     r, ok, ps, n = _flat_rows(D, P * S * D, BR, SHARED)
     ok3 = ok[:, :, None, None, None]
     p = ps // S
     b0 = ps % S * NB_SPLIT
     e = _row_load(ids + p, ok, SHARED).to(tl.int64)
-    wt = _row_load(weights + p, ok, SHARED)
     rows = w2 + (e * D + n) * rb2
     p3, h_b0 = _per_weight(p, SHARED), _per_weight(b0, SHARED)
     acc = tl.zeros([BR, 2, 2, 16], dtype=tl.float32)
     for j in range(0, NB_SPLIT):
         hv = _h_block(h, p3, (h_b0 + j) * 256 + superblock_offsets(), ok3, I, S1, SHARED, PARTS)
         acc = superblock_fma(block_ptr(rows, b0 + j, True), ok, hv, acc, True)
-    acc = row_sums(acc)
-    tl.store(part + r, acc * wt, mask=ok)
+    tl.store(part + r, row_sums(acc), mask=ok)
     if FUSE:
         tile = tl.program_id(0) % (D // BR)
         o_n = tile * BR + tl.arange(0, BR)
@@ -172,18 +175,15 @@ def decode(x, ids, weights, w13, w2, T, D, I, K, rows_per_program=None, split_i=
     S1 = split_d or (1 if INTERPRET else down_split(P, I, D // 256, BR, meta["MIN_CTAS"]))
     parts = S1 > 1
     h = torch.empty((P * S1, 2 * I) if parts else (P, I), dtype=torch.float32, device=x.device)
-    _decode_up[(triton.cdiv(P * S1 * I, BR),)](x, ids, w13, h, P, S1, K, D, I, w13.shape[2], D // 256 // S1, BR=BR,
-                                               SHARED=I % BR == 0, PARTS=parts, **options)
+    _decode_up[(triton.cdiv(P * S1 * I, BR),)](x, ids, weights, w13, h, P, S1, K, D, I, w13.shape[2], D // 256 // S1,
+                                               BR=BR, SHARED=I % BR == 0, PARTS=parts, **options)
     meta, options = split(DECODE_DOWN_CONFIGS.pick(P=P, D=D, I=I))
     BR = rows_per_program or (min(next_pow2(P * D), 1024) if INTERPRET else meta["BR"])
     S = split_i or down_split(P, D, I // 256, BR, meta["MIN_CTAS"])
     part = torch.empty((P * S, D), dtype=torch.float32, device=x.device)
-    # fused: needs one D tile per program (BR divides D); not with PARTS (the gate/up split of few pairs): with the
-    # fused epilogue ptxas kept a value of those programs in local memory (4 B "spills" at 32-80 registers, in
-    # different specialisations under triton 3.9 and 3.6 as the code moved)
-    slot_sum = FusedSum("moe.experts_gguf._decode_down", T, D, K * S, x.dtype, x.device,
-                        allowed=D % BR == 0 and not parts)
-    _decode_down[(triton.cdiv(P * S * D, BR),)](h, ids, weights, w2, part, P=P, S=S, S1=S1, D=D, I=I,
+    # fused: needs one D tile per program (BR divides D)
+    slot_sum = FusedSum("moe.experts_gguf._decode_down", T, D, K * S, x.dtype, x.device, allowed=D % BR == 0)
+    _decode_down[(triton.cdiv(P * S * D, BR),)](h, ids, w2, part, P=P, S=S, S1=S1, D=D, I=I,
                                                 rb2=w2.shape[2], NB_SPLIT=I // 256 // S, BR=BR, SHARED=D % BR == 0,
                                                 PARTS=parts, **slot_sum.kernel_args(part, D // BR), **options)
     return slot_sum.finish(part)

@@ -7,8 +7,7 @@ Two ways, chosen by the declared FUSE of `moe.slots._sum_slots` (1 at decode siz
   sum_tile        inside the kernel that writes the partials: the last of a D tile's programs to finish (a ticket
                   per tile, kernels/common.py) sums the tile's T x R rows and stores y. At T = 1 that removes a
                   launch of D / 256 = 9 programs (Kimi-Linear) from the decode path; the winner's loop is serial
-                  over tokens, hence decode sizes only. The callers do not fuse when their gate/up partials are
-                  split (PARTS: ptxas spilled 4 B there; docs/kernels.md).
+                  over tokens, hence decode sizes only.
 """
 
 import torch
