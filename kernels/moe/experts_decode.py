@@ -194,9 +194,10 @@ def decode(x, topk_ids, topk_weights, w13, w2, split_i: int | None = None, split
                                                        BK=BK, BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET,
                                                        RNE=rounds_bf16(h.dtype), **options)
     meta, options = split(DOWN_CONFIGS.pick(P=P, D=D, I=I))
-    # PARTS: the gate and up sums are two more fp32 [BK, BP] tiles (at BK * BP = 4096 they spilled 4 B on sm_90a)
+    # PARTS: the gate and up sums are two more fp32 [BK, BP] tiles. At BK * BP = 4096 and 2048 ptxas spilled 4 B on
+    # sm_90a (at 168 registers for 3 CTAs/SM, quick shapes, triton 3.6); at 1024: 96 registers, 5 CTAs/SM
     BN, BK = (_block(D, 128), _block(I, 256) if split_i is None else 16) if INTERPRET else (
-        meta["BN"], _step(meta, BP * (2 if parts else 1)))
+        meta["BN"], _step(meta, BP * (4 if parts else 1)))
     S, i_split = down_split(min(P, E), D, I, BN, BK, meta["MIN_CTAS"])
     if split_i is not None:
         S, i_split = triton.cdiv(I, split_i), split_i
