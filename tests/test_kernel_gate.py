@@ -37,6 +37,9 @@ def test_ptxas_log_and_ptx_are_read():
     assert parse_ptxas_log(log) == {"regs": 255, "stack": 8, "spill_stores": 24, "spill_loads": 20}
     with pytest.raises(ValueError):
         parse_ptxas_log("")  # a cache hit prints nothing: never read it as zero spills
+    ptx = ("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {...}\n"
+           "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {...}\n")
+    assert tensor_core_instructions(ptx) == ["mma.sync m16n8k8 tf32", "wgmma m64n64k16 bf16"]
 
 
 def test_res_usage_of_a_cached_cubin_counts_its_spills():
@@ -49,9 +52,6 @@ def test_res_usage_of_a_cached_cubin_counts_its_spills():
     assert parse_res_usage(clean)["spill_stores"] == 0
     with pytest.raises(ValueError):
         parse_res_usage("")
-    ptx = ("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {...}\n"
-           "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {...}\n")
-    assert tensor_core_instructions(ptx) == ["mma.sync m16n8k8 tf32", "wgmma m64n64k16 bf16"]
 
 
 def test_occupancy_follows_registers_warps_and_shared_memory():
