@@ -4,7 +4,7 @@ dequantized weights (the oracle)."""
 
 import pytest
 import torch
-from spark_bench.kernels.moe.experts_gguf import experts_gguf, prefill_path
+from spark_bench.kernels.moe.experts_gguf import dequant_groups, experts_gguf, prefill_path
 from spark_bench.kernels.moe.experts_gguf_decode import down_split
 from spark_bench.plugins.moe import experts_gguf as mod
 from spark_bench.plugins.moe.common import experts_hit_uniform
@@ -226,3 +226,103 @@ def test_decode_sums_its_slots_in_the_down_kernel(monkeypatch, fuse, tokens, exp
         check(out, inputs)
     assert bool(launched) == (not fuse)
     assert int(tickets("moe.experts_gguf._decode_down", out.device, 1).abs().sum()) == 0
+
+
+TINY = {"moe.experts_gguf.scratch": {"DEQUANT_SCRATCH_MB": 0.8}}  # 2 experts of 3*256*256 bf16 (0.375 MiB each)
+
+
+def test_dequant_scratch_groups_are_declared_and_bounded():
+    """Kimi-Linear: every expert in one group (today's launches); DeepSeek-V3 TP1: 6 groups within 4 GiB."""
+    assert dequant_groups(256, 1024, 2304) == [(0, 256)]
+    ds = dequant_groups(256, 2048, 7168)
+    assert len(ds) == 6 and ds[-1][1] == 256 and max(hi - lo for lo, hi in ds) * 3 * 2048 * 7168 * 2 <= 4 << 30
+    with applied(TINY):
+        assert dequant_groups(5, 256, 256) == [(0, 2), (2, 4), (4, 5)]
+
+
+class _Spy:
+    """A kernel (or function) that counts its launches (calls) and passes them on."""
+
+    def __init__(self, real, log, name):
+        self.real, self.log, self.name = real, log, name
+
+    def __getitem__(self, grid):
+        self.log.append(self.name)
+        return self.real[grid]
+
+    def __call__(self, *args, **kw):
+        self.log.append(self.name)
+        return self.real(*args, **kw)
+
+
+def spied(monkeypatch):
+    from spark_bench.kernels.moe import experts as bf16_experts
+    from spark_bench.kernels.moe import experts_gguf as gguf
+
+    log, outs = [], []
+    for mod_, name in ((bf16_experts, "_grouped_swiglu"), (bf16_experts, "_grouped_down"), (bf16_experts, "moe_align")):
+        monkeypatch.setattr(mod_, name, _Spy(getattr(mod_, name), log, name))
+    real = gguf.dequantize
+
+    def dequantize(raw, fmt, dtype, hit=None, out=None):
+        outs.append((fmt, raw.shape[0], out.data_ptr(), out.untyped_storage().nbytes()))
+        return real(raw, fmt, dtype, hit=hit, out=out)
+
+    monkeypatch.setattr(gguf, "dequantize", dequantize)
+    return log, outs
+
+
+@pytest.mark.parametrize("tokens, topk, routing, ids, seed", [
+    (9, 1, "zipf", None, 60),  # odd T, top-1, skewed
+    (7, 3, "uniform", None, 61),  # top-3 of 5
+    (11, 2, "uniform", [0, 4, 1], 62)])  # experts 2 and 3 (the middle group) get no pair
+def test_dequant_in_expert_groups_equals_one_group(monkeypatch, tokens, topk, routing, ids, seed):
+    """E = 5 in 3 groups of <= 2 experts: one alignment, one scratch reused, each group's GEMMs over its own tiles;
+    bit-for-bit the one-group result (same kernels, one writer per slot, one slot sum), and against the oracle."""
+    inputs = make(tokens, seed, experts=5, topk=topk, routing=routing)
+    if ids is not None:
+        inputs["topk_ids"] = torch.tensor([[ids[(t + k) % 3] for k in range(topk)] for t in range(tokens)],
+                                          dtype=torch.int32)
+    one = run(inputs, path="dequant")
+    log, outs = spied(monkeypatch)
+    with applied(TINY):
+        grouped = run(inputs, path="dequant")
+    assert torch.equal(grouped, one)
+    assert log.count("moe_align") == 1 and log.count("_grouped_swiglu") == log.count("_grouped_down") == 3
+    assert [(fmt, n) for fmt, n, _, _ in outs] == [("q2_k", 2), ("q3_k", 2)] * 2 + [("q2_k", 1), ("q3_k", 1)]
+    assert len({(fmt, ptr) for fmt, _, ptr, _ in outs}) == 2  # one scratch per matrix, reused by every group
+    assert sum({ptr: size for _, _, ptr, size in outs}.values()) == 2 * 3 * 256 * 256 * 2  # 2 experts' bf16
+    assert nmse(grouped, naive(**inputs)) <= 5e-4
+    check(grouped, inputs)
+
+
+def test_one_group_launches_as_an_unbounded_scratch(monkeypatch):
+    """The default budget at a small shape: every expert in one group, 2 dequant and 2 GEMM launches."""
+    log, outs = spied(monkeypatch)
+    inputs = make(9, seed=63, experts=5, topk=2)
+    check(run(inputs, path="dequant"), inputs)
+    assert log == ["moe_align", "_grouped_swiglu", "_grouped_down"] and [n for _, n, _, _ in outs] == [5, 5]
+
+
+def test_bf16_grouped_experts_over_expert_groups():
+    """kernels/moe/experts.py's shared helper with the weights in 3 groups (in any order: each slot is written by its
+    own group only) equals its one-group call exactly."""
+    from spark_bench.kernels.moe.experts import grouped_experts
+
+    g = torch.Generator().manual_seed(64)
+    T, D, I, E, K = 13, 64, 32, 5, 3
+    x = torch.randn(T, D, generator=g).bfloat16()
+    w13 = (torch.randn(E, 2 * I, D, generator=g) / 8).bfloat16()
+    w2 = (torch.randn(E, D, I, generator=g) / 8).bfloat16()
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int()
+    ids[ids == 3] = 1  # expert 3 unhit
+    wts = torch.rand(T * K, generator=g)
+
+    def alone(w, lo, hi):  # the group's experts, NaN behind them: a tile of another group's expert would read NaN
+        return torch.cat([w[lo:hi], torch.full_like(w, float("nan"))])[:hi - lo]
+
+    with poisoned_allocations():
+        one = grouped_experts(x, ids, wts, [(0, w13, w2)], E, I, 16)
+        groups = [(lo, alone(w13, lo, hi), alone(w2, lo, hi)) for lo, hi in ((4, 5), (2, 4), (0, 2))]  # any order
+        split = grouped_experts(x, ids, wts, groups, E, I, 16)
+    assert torch.equal(one, split) and not one.isnan().any()

@@ -9,6 +9,8 @@ grouped tile order (GROUP_M m-tiles sweep every n-tile before the next group sta
 stay in L2 instead of being re-read from DRAM once per n-tile); the grid is trimmed to the tiles the routing can
 fill (T*K + min(E, T*K)*(BM-1) rows), and tiles past the padded count exit at once. BM follows the mean slots per
 expert (BLOCK_M_CONFIGS): 64 or 128 wherever the load allows, so Hopper runs wgmma.
+grouped_experts can run the GEMMs per expert group [lo, hi) over one alignment (lo / hi runtime ints: the
+tiles of other experts exit at once): the GGUF prefill's bounded bf16 scratch (kernels/moe/experts_gguf.py).
 Decode path (T*K <= DECODE_MAX_SLOTS): weight tiles streamed once per hit expert, without alignment; an expert
 that several slots share is read once for all of them (kernels/moe/experts_decode.py), so repeats do not bound it.
 """
@@ -64,13 +66,22 @@ def _tile_mn(n_m, n_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _grouped_swiglu(x, w13, h, sorted_ids, expert_ids, num_post, D, I, n_slots, n_m, K: tl.constexpr,
+def _tile_expert(expert_ids, num_post, i_m, e_lo, e_hi, BM: tl.constexpr):
+    """The expert of m-tile i_m relative to e_lo (its weights' index), -1 for a padded tile or one outside
+    [e_lo, e_hi)."""
+    e = tl.load(expert_ids + i_m, mask=i_m * BM < tl.load(num_post), other=-1)
+    return tl.where((e >= e_lo) & (e < e_hi), e - e_lo, -1).to(tl.int64)
+
+
+# e_lo / e_hi: runtime ints, not specialised on value (no recompile per expert group)
+@triton.jit(do_not_specialize=["e_lo", "e_hi"])
+def _grouped_swiglu(x, w13, h, sorted_ids, expert_ids, num_post, e_lo, e_hi, D, I, n_slots, n_m, K: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                     UPCAST_DOT: tl.constexpr, RNE: tl.constexpr):
     i_m, i_n = _tile_mn(n_m, tl.cdiv(I, BN), GROUP_M)
-    if i_m * BM >= tl.load(num_post):
+    e = _tile_expert(expert_ids, num_post, i_m, e_lo, e_hi, BM)
+    if e < 0:
         return
-    e = tl.load(expert_ids + i_m).to(tl.int64)
     rows = tl.load(sorted_ids + i_m * BM + tl.arange(0, BM))
     m_row = rows < n_slots
     tok = (rows // K).to(tl.int64)
@@ -96,14 +107,14 @@ def _grouped_swiglu(x, w13, h, sorted_ids, expert_ids, num_post, D, I, n_slots, 
              mask=m_row[:, None] & m_n[None, :])
 
 
-@triton.jit
-def _grouped_down(h, w2, topk_weights, y, sorted_ids, expert_ids, num_post, D, I, n_slots, n_m,
+@triton.jit(do_not_specialize=["e_lo", "e_hi"])
+def _grouped_down(h, w2, topk_weights, y, sorted_ids, expert_ids, num_post, e_lo, e_hi, D, I, n_slots, n_m,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                   UPCAST_DOT: tl.constexpr, RNE: tl.constexpr):
     i_m, i_n = _tile_mn(n_m, tl.cdiv(D, BN), GROUP_M)
-    if i_m * BM >= tl.load(num_post):
+    e = _tile_expert(expert_ids, num_post, i_m, e_lo, e_hi, BM)
+    if e < 0:
         return
-    e = tl.load(expert_ids + i_m).to(tl.int64)
     rows = tl.load(sorted_ids + i_m * BM + tl.arange(0, BM))
     m_row = rows < n_slots
     rows64 = rows.to(tl.int64)
@@ -133,26 +144,31 @@ def live_tiles(slots: int, experts: int, block_m: int, max_blocks: int) -> int:
     return min(max_blocks, triton.cdiv(slots + min(experts, slots) * (block_m - 1), block_m))
 
 
-def _grouped(x, topk_ids, topk_weights, w13, w2, block_m, group_m=None):
+def grouped_experts(x, topk_ids, topk_weights, groups, experts, inter, block_m, group_m=None):
+    """The grouped path over expert groups: ONE alignment of all `experts`, then for each (lo, w13, w2) of `groups`
+    (w13 / w2 holding experts lo .. lo + len(w13) - 1; may be yielded lazily, e.g. into a reused scratch) both
+    GEMMs over the same tiles, where the tiles of other experts exit at once: every slot's h and y_slots rows are
+    written by the one group holding its expert. One _sum_slots at the end (fixed order: deterministic)."""
     T, D = x.shape
-    E, K, I = w13.shape[0], topk_ids.shape[1], w2.shape[2]
+    K, I = topk_ids.shape[1], inter
     P = T * K
-    sorted_ids, expert_ids, num_post = moe_align(topk_ids, E, block_m)
-    tiles = live_tiles(P, E, block_m, expert_ids.shape[0])
+    sorted_ids, expert_ids, num_post = moe_align(topk_ids, experts, block_m)
+    tiles = live_tiles(P, experts, block_m, expert_ids.shape[0])
     h = torch.empty((P, I), dtype=x.dtype, device=x.device)
     y_slots = torch.empty((P, D), dtype=x.dtype, device=x.device)
-    meta, options = split(SWIGLU_CONFIGS.pick(BM=block_m, D=D, I=I, ALIGN=math.gcd(D, I, 16)))
-    BN, BK = (_block(I, 128), _block(D, 128)) if INTERPRET else (meta["BN"], meta["BK"])
-    G = group_m or meta["GROUP_M"]
-    _grouped_swiglu[(tiles * triton.cdiv(I, BN),)](x, w13, h, sorted_ids, expert_ids, num_post, D, I, P, tiles,
-                                                   K=K, BM=block_m, BN=BN, BK=BK, GROUP_M=G, UPCAST_DOT=INTERPRET,
-                                                   RNE=rounds_bf16(h.dtype), **options)
-    meta, options = split(DOWN_CONFIGS.pick(BM=block_m, D=D, I=I))
-    BN, BK = (_block(D, 128), _block(I, 128)) if INTERPRET else (meta["BN"], meta["BK"])
-    G = group_m or meta["GROUP_M"]
-    _grouped_down[(tiles * triton.cdiv(D, BN),)](h, w2, topk_weights, y_slots, sorted_ids, expert_ids, num_post,
-                                                 D, I, P, tiles, BM=block_m, BN=BN, BK=BK, GROUP_M=G,
-                                                 UPCAST_DOT=INTERPRET, RNE=rounds_bf16(y_slots.dtype), **options)
+    up, up_options = split(SWIGLU_CONFIGS.pick(BM=block_m, D=D, I=I, ALIGN=math.gcd(D, I, 16)))
+    down, down_options = split(DOWN_CONFIGS.pick(BM=block_m, D=D, I=I))
+    up_bn, up_bk = (_block(I, 128), _block(D, 128)) if INTERPRET else (up["BN"], up["BK"])
+    down_bn, down_bk = (_block(D, 128), _block(I, 128)) if INTERPRET else (down["BN"], down["BK"])
+    for lo, w13, w2 in groups:
+        hi = lo + w13.shape[0]
+        _grouped_swiglu[(tiles * triton.cdiv(I, up_bn),)](
+            x, w13, h, sorted_ids, expert_ids, num_post, lo, hi, D, I, P, tiles, K=K, BM=block_m, BN=up_bn,
+            BK=up_bk, GROUP_M=group_m or up["GROUP_M"], UPCAST_DOT=INTERPRET, RNE=rounds_bf16(h.dtype), **up_options)
+        _grouped_down[(tiles * triton.cdiv(D, down_bn),)](
+            h, w2, topk_weights, y_slots, sorted_ids, expert_ids, num_post, lo, hi, D, I, P, tiles, BM=block_m,
+            BN=down_bn, BK=down_bk, GROUP_M=group_m or down["GROUP_M"], UPCAST_DOT=INTERPRET,
+            RNE=rounds_bf16(y_slots.dtype), **down_options)
     return sum_slots(y_slots, T, x.dtype)
 
 
@@ -179,4 +195,5 @@ def fused_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     if path == "decode":
         return decode(x, topk_ids, topk_weights, w13, w2)
     block_m = block_m or block_m_for(T * K, w13.shape[0])
-    return _grouped(x, topk_ids, topk_weights, w13, w2, block_m, group_m)
+    return grouped_experts(x, topk_ids, topk_weights, [(0, w13, w2)], w13.shape[0], w2.shape[2], block_m,
+                           group_m)

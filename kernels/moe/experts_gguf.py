@@ -12,9 +12,11 @@ of 256. Three paths, chosen by the wrapper from the token count and the mean pai
            tile re-dequantizes its expert's weights: right while few tiles share an expert.
   dequant  (heavy load: mean pairs per expert >= DEQUANT_MIN_LOAD, declared in PREFILL_CONFIGS) the hit experts
            dequantized once into a bf16 scratch (kernels/quant/dequant.py, unhit experts skipped on the device), then
-           the bf16 grouped GEMMs of kernels/moe/experts.py (fused_experts, path grouped): tensor cores at bf16 rate,
-           the dequantization paid once per weight instead of once per tile. Scratch: E*3*I*D bf16 (Kimi-Linear
-           3.6 GB, DeepSeek-V3 22.5 GB at TP1).
+           the bf16 grouped GEMMs of kernels/moe/experts.py (grouped_experts): tensor cores at bf16 rate,
+           the dequantization paid once per weight instead of once per tile. Scratch: bounded by the declared
+           DEQUANT_SCRATCH_MB (SCRATCH_CONFIGS): experts in groups of what fits (dequant_groups), one alignment for
+           all, per group its hit experts dequantized into ONE reused scratch and the GEMMs over that group's tiles
+           only (the others exit at once); no host sync. Kimi-Linear: one group (3.6 GB), DeepSeek-V3 TP1: 6 of 44.
 """
 
 import torch
@@ -23,7 +25,7 @@ import triton.language as tl
 from spark_bench.kernels.common import INTERPRET
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.moe.align import moe_align
-from spark_bench.kernels.moe.experts import fused_experts
+from spark_bench.kernels.moe.experts import block_m_for, grouped_experts
 from spark_bench.kernels.moe.experts_gguf_decode import decode
 from spark_bench.kernels.moe.slots import sum_slots
 from spark_bench.kernels.quant.dequant import dequantize
@@ -51,6 +53,14 @@ PREFILL_CONFIGS = declare(ConfigSpace(
     candidates=[{"DEQUANT_MIN_LOAD": 16}, {"DEQUANT_MIN_LOAD": 256}, {"DEQUANT_MIN_LOAD": 1 << 30}],
     doc="mean pairs per expert from which the prefill dequantizes the hit experts into a bf16 scratch and runs the "
         "bf16 grouped GEMMs (below: the fused dequant-in-register grouped path)"))
+# The dequant path's bf16 scratch, MiB: experts are dequantized and multiplied in groups of what fits (3*I*D*2 B
+# each). 4096 is the paper choice: all 256 Kimi-Linear experts fit (3.6 GB, one group: the launches of an unbounded
+# scratch); DeepSeek-V3 at TP1 (88 MB per expert) takes 6 groups of 44 (3.9 GB instead of 22.5 GB), each extra group
+# costing 2 GEMM launches whose off-group tiles exit at once. Not measured: tune times the candidates.
+SCRATCH_CONFIGS = declare(ConfigSpace(
+    "moe.experts_gguf.scratch", key=("D", "I"), default={"DEQUANT_SCRATCH_MB": 4096},
+    candidates=[{"DEQUANT_SCRATCH_MB": 1024}, {"DEQUANT_SCRATCH_MB": 16384}],
+    doc="MiB of bf16 scratch the dequant prefill path dequantizes experts into, a group of experts at a time"))
 Q2K_BYTES, Q3K_BYTES = 84, 110
 # auto: the decode path up to this many tokens. The decode path reads each weight once per (token, slot) at ~3-5 ALU
 # ops per weight (integer codes, factored scales); the grouped one dequantizes it once per 16..64-row tile (~8 ops)
@@ -165,12 +175,32 @@ def _grouped(x, ids, weights, w13, w2, T, D, E, I, K):
     return sum_slots(out, T, x.dtype)
 
 
-def _dequantized(x, ids, weights, w13, w2, T, E, K):
-    """The hit experts dequantized once into bf16 scratch, then the bf16 grouped GEMMs (fused_experts)."""
+def dequant_groups(E: int, I: int, D: int) -> list[tuple[int, int]]:
+    """The dequant path's expert groups [lo, hi): as few as the declared scratch allows, balanced, sized a multiple
+    of 4 where it can be (hit[lo:] stays 16-byte aligned: no second specialisation of _dequant_rows)."""
+    budget = SCRATCH_CONFIGS.pick(D=D, I=I)["DEQUANT_SCRATCH_MB"] * (1 << 20)
+    fits = max(1, int(budget // (3 * I * D * 2)))
+    quad = 4 if fits >= 4 else 1
+    size = triton.cdiv(triton.cdiv(E, triton.cdiv(E, fits // quad * quad)), quad) * quad  # <= fits
+    return [(lo, min(E, lo + size)) for lo in range(0, E, size)]
+
+
+def _dequantized(x, ids, weights, w13, w2, T, D, E, I, K):
+    """The hit experts dequantized once into a bounded bf16 scratch, a group at a time, then the bf16 grouped GEMMs
+    of that group's tiles (grouped_experts: one alignment, one slot sum)."""
     hit = torch.zeros(E, dtype=torch.int32, device=x.device).index_fill_(0, ids.long(), 1)
-    w13_bf16 = dequantize(w13, "q2_k", torch.bfloat16, hit=hit)
-    w2_bf16 = dequantize(w2, "q3_k", torch.bfloat16, hit=hit)
-    return fused_experts(x, ids.view(T, K), weights.view(T, K), w13_bf16, w2_bf16, path="grouped")
+    groups = dequant_groups(E, I, D)
+    n = max(hi - lo for lo, hi in groups)
+    w13_bf16 = torch.empty((n, 2 * I, D), dtype=torch.bfloat16, device=x.device)
+    w2_bf16 = torch.empty((n, D, I), dtype=torch.bfloat16, device=x.device)
+
+    def filled():  # lazily: group g + 1 overwrites the scratch after group g's GEMMs (stream order)
+        for lo, hi in groups:
+            a = dequantize(w13[lo:hi], "q2_k", torch.bfloat16, hit=hit[lo:hi], out=w13_bf16[:hi - lo])
+            b = dequantize(w2[lo:hi], "q3_k", torch.bfloat16, hit=hit[lo:hi], out=w2_bf16[:hi - lo])
+            yield lo, a, b
+
+    return grouped_experts(x, ids.view(T, K), weights, filled(), E, I, block_m_for(T * K, E))
 
 
 def prefill_path(T: int, K: int, E: int, D: int, I: int) -> str:
@@ -202,5 +232,5 @@ def experts_gguf(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
     if path == "grouped":
         return _grouped(x, ids, weights, w13, w2, T, D, E, I, K)
     if path == "dequant":
-        return _dequantized(x, ids, weights, w13, w2, T, E, K)
+        return _dequantized(x, ids, weights, w13, w2, T, D, E, I, K)
     raise ValueError(f"unknown path {path!r}: auto, decode, grouped, dequant or prefill")

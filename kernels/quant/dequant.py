@@ -37,10 +37,12 @@ def _dequant_rows(raw, out, hit, n_rows, row_bytes, cols, rows_per_expert, BR: t
         tl.store(dst + c, w.to(out.dtype.element_ty), mask=mask)
 
 
-def dequantize(raw: torch.Tensor, fmt: str, dtype: torch.dtype = torch.bfloat16, hit: torch.Tensor | None = None
-               ) -> torch.Tensor:
+def dequantize(raw: torch.Tensor, fmt: str, dtype: torch.dtype = torch.bfloat16, hit: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """raw: [..., nb*block_bytes] uint8 (rows of `fmt` blocks) -> [..., nb*256] in `dtype`. hit: optional int32
-    flags over raw's first dimension (experts, raw [E, rows, bytes]): only the flagged experts' rows are written."""
+    flags over raw's first dimension (experts, raw [E, rows, bytes]): only the flagged experts' rows are written.
+    out: an optional contiguous destination of that shape and dtype (a reused scratch; a group of experts is
+    raw[e0:e1] with hit[e0:e1])."""
     bb = BLOCK_BYTES[fmt]
     if raw.dtype != torch.uint8 or raw.shape[-1] % bb:
         raise ValueError(f"{fmt} expects uint8 rows of a multiple of {bb} bytes, got {raw.dtype} {tuple(raw.shape)}")
@@ -48,7 +50,11 @@ def dequantize(raw: torch.Tensor, fmt: str, dtype: torch.dtype = torch.bfloat16,
     row_bytes = raw.shape[-1]
     cols = row_bytes // bb * 256
     n_rows = raw.numel() // max(1, row_bytes)
-    out = torch.empty(*raw.shape[:-1], cols, dtype=dtype, device=raw.device)
+    shape = (*raw.shape[:-1], cols)
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=raw.device)
+    elif tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous():
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype} is not a contiguous {shape} {dtype}")
     if out.numel() == 0:
         return out
     BR = min(next_pow2(n_rows), 2048) if INTERPRET else 32
