@@ -191,3 +191,17 @@ def test_chunk_core_bytes_per_token_head():
     assert minimum == 1282
     assert sum(per_token.values()) <= 4.5 * minimum, per_token
     assert per_token["_chunk_intra"] <= 1026 + 1616 + 1, per_token  # q, k, v, raw g, beta in; G fp32, bf16 out
+
+
+def test_chunk_intra_exponentials_per_chunk_head():
+    """The SFU work of the intra kernel, counted in the interpreter (transcendental elements, masked lanes
+    included) per chunk of 64 tokens and head at K = V = 128, fused gate: 176,196 exponentials with the diagonal
+    16 x 16 blocks pairwise (256 per K column); 86,596 with their recursive halving (96 per column) and exp(G) of
+    a row block formed from exp(G - G_r) exp(G_r)."""
+    inputs = make(128, H=1, K=128, V=128, dtype="bf16", seed=23)
+    with counting() as kernels:
+        run("triton", inputs)
+    intra = kernels["_chunk_intra"].transcendentals / 2  # 2 chunks
+    # exps + the gate's softplus logs (8,192) + the L2-norm rsqrts (224)
+    assert intra <= 86_596 + 8_192 + 224, intra
+    assert intra >= 4 * 96 * 128, intra  # at least the diagonal blocks' share: the count sees the kernel's work

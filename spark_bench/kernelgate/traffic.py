@@ -11,6 +11,8 @@ order). Both are compared with the op's cost model (its minimum bytes). The wrap
 (`kernels.common.WIDEN_WHEN_INTERPRETING`) is switched off while counting, so the kernels run with the block sizes
 and grids they would launch on the GPU (their declared configs); an interpreter-only branch that changes what a
 kernel loads would be counted as the interpreter runs it.
+`transcendentals` counts the elements of every exp / exp2 / log / log2 / rsqrt / sqrt / sin / cos a launch
+evaluates, masked lanes included as on the GPU: its SFU (MUFU) work.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class KernelTraffic:
     read_unique: int = 0
     written_issued: int = 0
     written_unique: int = 0
+    transcendentals: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -66,6 +69,10 @@ class _Launch:
         return sum(int(np.unique(np.concatenate(parts)).size) * size for size, parts in touched.items() if parts)
 
 
+_TRANSCENDENTALS = ("create_exp", "create_exp2", "create_log", "create_log2", "create_rsqrt", "create_sqrt",
+                    "create_precise_sqrt", "create_sin", "create_cos")
+
+
 @contextlib.contextmanager
 def counting() -> Iterator[dict[str, KernelTraffic]]:
     """Count the traffic of every interpreted launch inside the block: {kernel name: KernelTraffic}."""
@@ -76,6 +83,7 @@ def counting() -> Iterator[dict[str, KernelTraffic]]:
     builder, executor = interp.InterpreterBuilder, interp.GridExecutor
     saved = {name: getattr(builder, name) for name in ("create_masked_load", "create_masked_store",
                                                        "create_atomic_rmw", "create_atomic_cas")}
+    special = {name: getattr(builder, name) for name in _TRANSCENDENTALS}
     saved_call, saved_widen = executor.__call__, common.WIDEN_WHEN_INTERPRETING
     totals: dict[str, KernelTraffic] = {}
     current: list[tuple[KernelTraffic, _Launch]] = []
@@ -107,6 +115,13 @@ def counting() -> Iterator[dict[str, KernelTraffic]]:
             return saved[name](self, *args, **kwargs)
         return counted
 
+    def transcendental(name):
+        def counted(self, x, *args, **kwargs):
+            if current:
+                current[-1][0].transcendentals += int(np.asarray(x.data).size)
+            return special[name](self, x, *args, **kwargs)
+        return counted
+
     def call(self, *args, **kwargs):
         name = getattr(self.fn, "__name__", "kernel")
         row = totals.setdefault(name, KernelTraffic(name))
@@ -122,12 +137,14 @@ def counting() -> Iterator[dict[str, KernelTraffic]]:
 
     builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
     builder.create_atomic_rmw, builder.create_atomic_cas = atomic("create_atomic_rmw"), atomic("create_atomic_cas")
+    for name in special:
+        setattr(builder, name, transcendental(name))
     executor.__call__ = call
     common.WIDEN_WHEN_INTERPRETING = False
     try:
         yield totals
     finally:
-        for name, fn in saved.items():
+        for name, fn in (saved | special).items():
             setattr(builder, name, fn)
         executor.__call__ = saved_call
         common.WIDEN_WHEN_INTERPRETING = saved_widen
@@ -197,4 +214,4 @@ def traffic_cmd(ops, backends, sets, dtypes, seed, as_json) -> None:
         for k in r["kernels"]:
             click.echo(f"  {k['kernel']:<32} x{k['launches']:<3} read {_mb(k['read_unique'])} MB unique / "
                        f"{_mb(k['read_issued'])} issued, written {_mb(k['written_unique'])} / "
-                       f"{_mb(k['written_issued'])}")
+                       f"{_mb(k['written_issued'])}, {k['transcendentals']:,} transcendentals")
