@@ -13,7 +13,8 @@ output are not copied).
 
 Overflow (kda.md pitfall 4): exp(G_i - G_j) is never split at the chunk start. Off-diagonal blocks split it at the
 row block's first token r: (q_i exp(G_i - G_r)) . (k_j exp(G_r - G_j)) with j < r <= i, both factors <= 1; the
-16 x 16 diagonal blocks take the exact pairwise form. The solve is block forward substitution: each row block
+16 x 16 diagonal blocks by recursive halving (_diag_block: 4 x 4 leaves pairwise, the rest split the same way).
+The solve is block forward substitution: each row block
 reads the W, U rows of earlier blocks back (written by this program, behind a barrier; L1/L2 hits), merges them
 with tensor-core dots, and applies the inverse of its unit-lower diagonal block, found by exact fp32 forward
 substitution in registers (row by row, vector ops: no rounding of the inverse to tf32 or bf16).
@@ -27,9 +28,9 @@ from spark_bench.kernels.common import widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_output_dtype
 
-# BKD: the K slice of the pairwise diagonal products ([BC, BC, BKD] tiles); elem: the input's element bytes.
-# 16-bit inputs: 4 warps, 212-244 registers, 2 CTAs per SM on sm_90a. fp32 inputs (IEEE dots on CUDA cores) spill
-# 12-32 B at 4 warps and 472 B with tf32x3: they keep 8 warps, 1 CTA per SM (BKD 16 spilled 8 B under triton 3.6).
+# BKD: the K slice of the diagonal blocks' products (_diag_block); elem: the input's element bytes. 16-bit inputs:
+# 4 warps, 212-233 registers, 2 CTAs per SM on sm_90a. fp32 inputs (IEEE dots on CUDA cores) spill 92-164 B at
+# 4 warps and BKD 8 / 8 warps 88 B: BKD 16 / 8 warps, 1 CTA per SM.
 CONFIGS = declare(ConfigSpace(
     "kda.chunk_intra._chunk_intra", key=("K", "V", "elem"),
     default={"BKD": 16, "num_warps": 8, "num_stages": 1},
