@@ -30,12 +30,12 @@ from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_
 
 # BKD: the K slice of the diagonal blocks' products (_diag_block); elem: the input's element bytes. 16-bit inputs:
 # 4 warps, 212-233 registers, 2 CTAs per SM on sm_90a. fp32 inputs (IEEE dots on CUDA cores) spill 92-164 B at
-# 4 warps and BKD 8 / 8 warps 88 B: BKD 16 / 8 warps, 1 CTA per SM.
+# 4 warps, BKD 8 / 8 warps 88 B (triton 3.9), BKD 16 / 8 warps 24 B (3.6): BKD 32 / 8 warps, 1 CTA per SM.
 CONFIGS = declare(ConfigSpace(
     "kda.chunk_intra._chunk_intra", key=("K", "V", "elem"),
-    default={"BKD": 16, "num_warps": 8, "num_stages": 1},
+    default={"BKD": 32, "num_warps": 8, "num_stages": 1},
     buckets=[({"elem": 2}, {"BKD": 8, "num_warps": 4, "num_stages": 1})],
-    candidates=[{"BKD": 16, "num_warps": 4, "num_stages": 1}, {"BKD": 32, "num_warps": 8, "num_stages": 1},
+    candidates=[{"BKD": 16, "num_warps": 4, "num_stages": 1}, {"BKD": 16, "num_warps": 8, "num_stages": 1},
                 {"BKD": 8, "num_warps": 8, "num_stages": 1}, {"BKD": 4, "num_warps": 4, "num_stages": 1}]))
 
 
