@@ -81,6 +81,12 @@ def _pick(x, axis: tl.constexpr, which: tl.constexpr):
 
 
 @triton.jit
+def _half(x, which: tl.constexpr, QR: tl.constexpr, BKD: tl.constexpr):
+    """Half `which` (0: first, 1: second) of a [2, 2, QR, BKD] row-block operand, as [2 QR, BKD] rows."""
+    return tl.reshape(_pick(x, 0, which), [2 * QR, BKD])
+
+
+@triton.jit
 def _split_block(q_rows, k_rows, k_cols, g_rows, g_cols, g_m, m_rows, m_cols):
     """sum_d a_i k_j exp(G_i - G_j), a = q and a = k, for rows i after the split row m and columns j <= m, as
     (a_i exp(G_i - G_m)) . (k_j exp(G_m - G_j)): both factors <= 1 (kda.md pitfall 4). [..., R, BKD] operands,
@@ -146,11 +152,8 @@ def _diag_block(q, k, gcum, sq, sk, r, end, n_q, n_k, i_h, H: tl.constexpr, K: t
         g_0 = tl.load(gcum + mid0 * (H * K) + i_h * K + o_s, mask=m_0, other=0.0)[None, :]
         m_b = m_b0 & m_s[None, :]
         m_t = m_t0 & m_0[None, :]
-        g_b = tl.reshape(_pick(g5, 0, 1), [2 * QR, BKD])
-        g_t = tl.reshape(_pick(g5, 0, 0), [2 * QR, BKD])
-        k_t = tl.reshape(_pick(k5, 0, 0), [2 * QR, BKD])
-        qk, kk = _split_block(tl.reshape(_pick(q5, 0, 1), [2 * QR, BKD]), tl.reshape(_pick(k5, 0, 1), [2 * QR, BKD]),
-                              k_t, g_b, g_t, g_0, m_b, m_t)
+        qk, kk = _split_block(_half(q5, 1, QR, BKD), _half(k5, 1, QR, BKD), _half(k5, 0, QR, BKD),
+                              _half(g5, 1, QR, BKD), _half(g5, 0, QR, BKD), g_0, m_b, m_t)
         l0_qk += qk
         l0_kk += kk
     return _assemble(leaf_qk, l1_qk, l0_qk, BC, QR), _assemble(leaf_kk, l1_kk, l0_kk, BC, QR)
