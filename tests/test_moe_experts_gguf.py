@@ -150,6 +150,20 @@ def test_decode_split_over_inter_and_hidden(seed, tokens, experts, topk, hidden,
     check(run(inputs, path="decode", split_i=split_i, split_d=split_d, rows_per_program=rows), inputs)
 
 
+@pytest.mark.parametrize("seed, hidden, inter", [(22, 768, 768), (23, 512, 256)])
+def test_decode_unrolled_candidate(seed, hidden, inter):
+    """The UNROLL = 2 candidates (two super-blocks per loop trip, so ptxas issues the second's loads before the first's
+    FMAs) reach the kernels: odd and single super-block loop counts give the oracle's result. The interpreter runs
+    the loop as written; the unrolled SASS is checked by `spark-bench kernels --candidates` (docs/kernels.md)."""
+    inputs = make(3, seed, hidden=hidden, inter=inter)
+    forced = {"moe.experts_gguf._decode_up": {"BR": 8, "MIN_CTAS": 1024, "UNROLL": 2, "num_warps": 4},
+              "moe.experts_gguf._decode_down": {"BR": 16, "MIN_CTAS": 1024, "UNROLL": 2, "num_warps": 4}}
+    with applied(forced):
+        out = run(inputs, path="decode", rows_per_program=256)
+    assert nmse(out, naive(**{k: inputs[k] for k in ("x", "topk_ids", "topk_weights", "w13_q", "w2_q")})) < 5e-4
+    check(out, inputs)
+
+
 def test_decode_down_split_reaches_the_cta_target():
     assert down_split(8, 2304, 4, 16, 1024) == 1  # Kimi-Linear T = 1: 8 x 144 programs
     assert down_split(1, 2304, 4, 16, 1024) == 4  # shared expert: every super-block its own slice (576)

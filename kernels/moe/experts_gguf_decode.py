@@ -34,14 +34,20 @@ from spark_bench.kernels.quant.kquants import block_ptr
 # up programs at T = 1 (Kimi-Linear); the down projection is one program per (pair, slice of I, BR rows of D), S
 # slices chosen so the grid reaches MIN_CTAS. With few pairs (the shared expert) gate/up split D too.
 DECODE_UP_CONFIGS = declare(ConfigSpace(
-    "moe.experts_gguf._decode_up", key=("P", "D", "I"), default={"BR": 8, "MIN_CTAS": 1024, "num_warps": 4},
-    candidates=[{"BR": 16, "MIN_CTAS": 1024, "num_warps": 4}, {"BR": 8, "MIN_CTAS": 1024, "num_warps": 2},
-                {"BR": 8, "MIN_CTAS": 384, "num_warps": 4}],  # fewer D slices: less partial traffic for the down
+    "moe.experts_gguf._decode_up", key=("P", "D", "I"),
+    default={"BR": 8, "MIN_CTAS": 1024, "UNROLL": 1, "num_warps": 4},
+    candidates=[{"BR": 16, "MIN_CTAS": 1024, "UNROLL": 1, "num_warps": 4},
+                {"BR": 8, "MIN_CTAS": 1024, "UNROLL": 1, "num_warps": 2},
+                {"BR": 8, "MIN_CTAS": 384, "UNROLL": 1, "num_warps": 4},  # fewer D slices: less partial traffic
+                {"BR": 8, "MIN_CTAS": 1024, "UNROLL": 2, "num_warps": 4}],
     doc="BR (gate, up) row pairs per program, D split in super-block slices until MIN_CTAS; P = T*K pairs"))
 DECODE_DOWN_CONFIGS = declare(ConfigSpace(
-    "moe.experts_gguf._decode_down", key=("P", "D", "I"), default={"BR": 16, "MIN_CTAS": 1024, "num_warps": 4},
-    buckets=[({"P": 2}, {"BR": 8, "MIN_CTAS": 1024, "num_warps": 8})],  # shared expert: I has only I/256 slices
-    candidates=[{"BR": 8, "MIN_CTAS": 1024, "num_warps": 4}, {"BR": 16, "MIN_CTAS": 2048, "num_warps": 4}],
+    "moe.experts_gguf._decode_down", key=("P", "D", "I"),
+    default={"BR": 16, "MIN_CTAS": 1024, "UNROLL": 1, "num_warps": 4},
+    buckets=[({"P": 2}, {"BR": 8, "MIN_CTAS": 1024, "UNROLL": 1, "num_warps": 8})],  # shared expert: I/256 slices
+    candidates=[{"BR": 8, "MIN_CTAS": 1024, "UNROLL": 1, "num_warps": 4},
+                {"BR": 16, "MIN_CTAS": 2048, "UNROLL": 1, "num_warps": 4},
+                {"BR": 16, "MIN_CTAS": 1024, "UNROLL": 2, "num_warps": 4}],
     doc="BR rows of D per program; I split into S super-block slices until the grid has MIN_CTAS programs"))
 
 
@@ -84,7 +90,7 @@ def _row_load(ptr, mask, SHARED: tl.constexpr):
 
 @triton.jit
 def _decode_up(x, ids, weights, w13, h, P, S1, K, D, I, rb13, NB_SPLIT, BR: tl.constexpr, SHARED: tl.constexpr,
-               PARTS: tl.constexpr):
+               PARTS: tl.constexpr, UNROLL: tl.constexpr):
     """h[p, n] = weights[p] * silu(x[t] . w1[e, n]) * (x[t] . w3[e, n]) for pair p = t*K + k, e = ids[p]; rows
     (p*S1 + s, n) flattened, fp32 h. PARTS (S1 > 1 slices of NB_SPLIT super-blocks of D): the gate and up dots of
     slice s go out as partials h[p*S1 + s] = [gate | weights[p] * up] ([P*S1, 2I]), finished by _decode_down.
@@ -101,7 +107,7 @@ def _decode_up(x, ids, weights, w13, h, P, S1, K, D, I, rb13, NB_SPLIT, BR: tl.c
     x_b0 = _per_weight(b0, SHARED)
     acc_g = tl.zeros([BR, 2, 2, 16], dtype=tl.float32)
     acc_u = tl.zeros([BR, 2, 2, 16], dtype=tl.float32)
-    for j in range(0, NB_SPLIT):
+    for j in tl.range(0, NB_SPLIT, loop_unroll_factor=UNROLL):
         xv = _row_load(x_row + (x_b0 + j) * 256, ok3, SHARED).to(tl.float32)
         acc_g = superblock_fma(block_ptr(gate_rows, b0 + j, False), ok, xv, acc_g, False)
         acc_u = superblock_fma(block_ptr(up_rows, b0 + j, False), ok, xv, acc_u, False)
@@ -134,7 +140,8 @@ def _h_block(h, p, off, mask, I, S1, SHARED: tl.constexpr, PARTS: tl.constexpr):
 
 @triton.jit
 def _decode_down(h, ids, w2, part, y, tickets, T, R, P, S, S1, D, I, rb2, NB_SPLIT, BR: tl.constexpr,
-                 SHARED: tl.constexpr, PARTS: tl.constexpr, FUSE: tl.constexpr, RP: tl.constexpr, RNE: tl.constexpr):
+                 SHARED: tl.constexpr, PARTS: tl.constexpr, FUSE: tl.constexpr, RP: tl.constexpr, RNE: tl.constexpr,
+                 UNROLL: tl.constexpr):
     """part[p*S + s, n] = h[p] . w2[e, n] (h carries the routing weight) over super-blocks s*NB_SPLIT ..
     (s+1)*NB_SPLIT - 1 of I (S * NB_SPLIT = I / 256); rows (p*S + s, n) flattened, fp32 partials summed per token
     by _sum_slots, or (FUSE, which needs SHARED: a program's rows are one D tile of one (p, s)) by the tile's last
@@ -147,7 +154,7 @@ def _decode_down(h, ids, w2, part, y, tickets, T, R, P, S, S1, D, I, rb2, NB_SPL
     rows = w2 + (e * D + n) * rb2
     p3, h_b0 = _per_weight(p, SHARED), _per_weight(b0, SHARED)
     acc = tl.zeros([BR, 2, 2, 16], dtype=tl.float32)
-    for j in range(0, NB_SPLIT):
+    for j in tl.range(0, NB_SPLIT, loop_unroll_factor=UNROLL):
         hv = _h_block(h, p3, (h_b0 + j) * 256 + superblock_offsets(), ok3, I, S1, SHARED, PARTS)
         acc = superblock_fma(block_ptr(rows, b0 + j, True), ok, hv, acc, True)
     tl.store(part + r, row_sums(acc), mask=ok)
@@ -176,7 +183,7 @@ def decode(x, ids, weights, w13, w2, T, D, I, K, rows_per_program=None, split_i=
     parts = S1 > 1
     h = torch.empty((P * S1, 2 * I) if parts else (P, I), dtype=torch.float32, device=x.device)
     _decode_up[(triton.cdiv(P * S1 * I, BR),)](x, ids, weights, w13, h, P, S1, K, D, I, w13.shape[2], D // 256 // S1,
-                                               BR=BR, SHARED=I % BR == 0, PARTS=parts, **options)
+                                               BR=BR, SHARED=I % BR == 0, PARTS=parts, UNROLL=meta["UNROLL"], **options)
     meta, options = split(DECODE_DOWN_CONFIGS.pick(P=P, D=D, I=I))
     BR = rows_per_program or (min(next_pow2(P * D), 1024) if INTERPRET else meta["BR"])
     S = split_i or down_split(P, D, I // 256, BR, meta["MIN_CTAS"])
@@ -185,5 +192,6 @@ def decode(x, ids, weights, w13, w2, T, D, I, K, rows_per_program=None, split_i=
     slot_sum = FusedSum("moe.experts_gguf._decode_down", T, D, K * S, x.dtype, x.device, allowed=D % BR == 0)
     _decode_down[(triton.cdiv(P * S * D, BR),)](h, ids, w2, part, P=P, S=S, S1=S1, D=D, I=I,
                                                 rb2=w2.shape[2], NB_SPLIT=I // 256 // S, BR=BR, SHARED=D % BR == 0,
-                                                PARTS=parts, **slot_sum.kernel_args(part, D // BR), **options)
+                                                PARTS=parts, UNROLL=meta["UNROLL"],
+                                                **slot_sum.kernel_args(part, D // BR), **options)
     return slot_sum.finish(part)
