@@ -5,11 +5,11 @@ blocks of BC = 16,
     A_qk[i, j] = scale * sum_d q_i k_j exp(G_i - G_j)  (j <= i),  L[i, j] = beta_i sum_d k_i k_j exp(G_i - G_j)  (j < i)
     W = (I + L)^-1 Diag(beta) (exp(G) * K),   U = (I + L)^-1 Diag(beta) V   (the UT transform)
 
-and the operands of stages 2-3: Qd = scale * q * exp(G), Kd = k * exp(G_last - G). G is written once in fp32 (the
-state pass reads its last row); W, U, Qd, Kd and A_qk are bf16 for 16-bit inputs (fp32 for fp32 inputs). Qd is
-stored rather than formed in the output kernel from q and G: 2 B written and read per element against the 6 B of
-reading q and fp32 G there. q, k and v are read through their token strides (the block's views of the conv
-output are not copied).
+and the operands of stages 2-3: Qd = scale * q * exp(G), Kd = k * exp(G_last - G). G stays in the program's fp32
+slot (_chunk_intra) and only its last row per chunk is stored, for the state pass; W, U, Qd, Kd and A_qk are bf16
+for 16-bit inputs (fp32 for fp32 inputs). Qd is stored rather than formed in the output kernel from q and G: 2 B
+written and read per element against the 6 B of reading q and an fp32 G there. q, k and v are read through their
+token strides (the block's views of the conv output are not copied).
 
 Overflow (kda.md pitfall 4): exp(G_i - G_j) is never split at the chunk start. Off-diagonal blocks split it at the
 row block's first token r: (q_i exp(G_i - G_r)) . (k_j exp(G_r - G_j)) with j < r <= i, both factors <= 1; the
@@ -28,15 +28,27 @@ from spark_bench.kernels.common import widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_output_dtype
 
+from spark_bench import triton_env
+
 # BKD: the K slice of the diagonal blocks' products (_diag_block); elem: the input's element bytes. 16-bit inputs:
 # 4 warps, 212-233 registers, 2 CTAs per SM on sm_90a. fp32 inputs (IEEE dots on CUDA cores) spill 92-164 B at
-# 4 warps, BKD 8 / 8 warps 88 B (triton 3.9), BKD 16 / 8 warps 24 B (3.6): BKD 32 / 8 warps, 1 CTA per SM.
+# 4 warps: 8 warps, 1 CTA per SM.
+# PROGRAMS_PER_SM: the persistent grid is PROGRAMS_PER_SM x SMs programs (one G slot each), the CTAs per SM the
+# config reaches (more programs than fit only wait for an SM); 0: one program per (chunk, head), G in as many slots
+# as a whole [T, H, K] G (the last candidate: whether the persistent loop wins is for `spark-bench tune` on a GPU).
+# fp32 inputs take 0 and BKD 16: their persistent loop spills 8-16 B at every 8-warp config under triton 3.6 (the
+# GPU machine's), and BKD 32 spills 4 B there.
 CONFIGS = declare(ConfigSpace(
     "kda.chunk_intra._chunk_intra", key=("K", "V", "elem"),
-    default={"BKD": 32, "num_warps": 8, "num_stages": 1},
-    buckets=[({"elem": 2}, {"BKD": 8, "num_warps": 4, "num_stages": 1})],
-    candidates=[{"BKD": 16, "num_warps": 4, "num_stages": 1}, {"BKD": 16, "num_warps": 8, "num_stages": 1},
-                {"BKD": 8, "num_warps": 8, "num_stages": 1}, {"BKD": 4, "num_warps": 4, "num_stages": 1}]))
+    default={"BKD": 16, "PROGRAMS_PER_SM": 0, "num_warps": 8, "num_stages": 1},
+    buckets=[({"elem": 2}, {"BKD": 8, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1})],
+    candidates=[{"BKD": 16, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1},
+                {"BKD": 32, "PROGRAMS_PER_SM": 0, "num_warps": 8, "num_stages": 1},
+                {"BKD": 8, "PROGRAMS_PER_SM": 1, "num_warps": 8, "num_stages": 1},
+                {"BKD": 4, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1},
+                {"BKD": 8, "PROGRAMS_PER_SM": 4, "num_warps": 4, "num_stages": 1},
+                {"BKD": 32, "PROGRAMS_PER_SM": 1, "num_warps": 8, "num_stages": 1},
+                {"BKD": 8, "PROGRAMS_PER_SM": 0, "num_warps": 4, "num_stages": 1}]))  # non-persistent
 
 
 @triton.jit
@@ -53,10 +65,10 @@ def _unit_lower_inverse(L, BC: tl.constexpr):
 
 
 @triton.jit
-def _chunk_decay(g, A_log, dt_bias, gcum, start, end, i_h, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+def _chunk_decay(g, A_log, dt_bias, gl, start, end, i_h, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                  BK: tl.constexpr, BKG: tl.constexpr, GATE: tl.constexpr):
-    """G = cumsum of the chunk's decay (the gate applied first when GATE), stored fp32 into gcum, in column slices
-    of BKG (a [64, 128] scan at 4 warps alone takes ~195 registers)."""
+    """G = cumsum of the chunk's decay (the gate applied first when GATE), stored fp32 at gl + row * K + column (the
+    program's slot), in column slices of BKG (a [64, 128] scan at 4 warps alone takes ~195 registers)."""
     rows = start + tl.arange(0, BT)
     for k0 in range(0, BK, BKG):
         o_k = k0 + tl.arange(0, BKG)
@@ -66,7 +78,7 @@ def _chunk_decay(g, A_log, dt_bias, gcum, start, end, i_h, H: tl.constexpr, K: t
         b_g = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)
         if GATE:
             b_g = tl.where(mask, kda_decay(b_g, A_log, dt_bias, i_h, o_k[None, :], m_k[None, :], K), 0.0)
-        tl.store(gcum + offs, tl.cumsum(b_g, axis=0), mask=mask)
+        tl.store(gl + rows[:, None] * K + o_k[None, :], tl.cumsum(b_g, axis=0), mask=mask)
 
 
 @triton.jit
@@ -98,8 +110,8 @@ def _split_block(q_rows, k_rows, k_cols, g_rows, g_cols, g_m, m_rows, m_cols):
 
 
 @triton.jit
-def _diag_block(q, k, gcum, sq, sk, r, end, n_q, n_k, i_h, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr,
-                BK: tl.constexpr, BKD: tl.constexpr):
+def _diag_block(q, k, gl, sq, sk, r, end, n_q, n_k, i_h, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                BKD: tl.constexpr):
     """sum_d q_i k_j exp(G_i - G_j) and sum_d k_i k_j exp(G_i - G_j) for i >= j inside the row block of rows
     r..r+BC-1, over K in slices of BKD, by recursive halving: the four diagonal BC/4 x BC/4 blocks pairwise (no split
     of the exponent); the lower-left quarter of each half, and the lower-left half of the block, split at the last
@@ -133,7 +145,7 @@ def _diag_block(q, k, gcum, sq, sk, r, end, n_q, n_k, i_h, H: tl.constexpr, K: t
         cols = i_h * K + o_s[None, None, None, :]
         q5 = tl.load(q + rows5[:, :, :, None] * sq + cols, mask=mask, other=0.0).to(tl.float32) * n_q5
         k5 = tl.load(k + rows5[:, :, :, None] * sk + cols, mask=mask, other=0.0).to(tl.float32) * n_k5
-        g5 = tl.load(gcum + rows5[:, :, :, None] * (H * K) + cols, mask=mask, other=0.0)
+        g5 = tl.load(gl + rows5[:, :, :, None] * K + o_s[None, None, None, :], mask=mask, other=0.0)
         # the diagonal quarters, pairwise: [2, 2, QR(i), QR(j), BKD]
         k_dec = k5[:, :, None, :, :] * tl.exp(tl.where(pair[:, :, :, :, None],
                                                         g5[:, :, :, None, :] - g5[:, :, None, :, :], 0.0))
@@ -141,7 +153,7 @@ def _diag_block(q, k, gcum, sq, sk, r, end, n_q, n_k, i_h, H: tl.constexpr, K: t
         leaf_kk += tl.sum(k5[:, :, :, None, :] * k_dec, 4)
         # the second quarter of each half against its first, split at mid1
         m_1 = (mid1 < end)[:, None] & m_s[None, :]
-        g_1 = tl.load(gcum + mid1[:, None] * (H * K) + i_h * K + o_s[None, :], mask=m_1, other=0.0)[:, None, :]
+        g_1 = tl.load(gl + mid1[:, None] * K + o_s[None, :], mask=m_1, other=0.0)[:, None, :]
         m_b, m_t = (m_b1 & m_s[None, None, :]), (m_t1 & m_s[None, None, :]) & m_1[:, None, :]
         g_b, g_t, k_t = _pick(g5, 1, 1), _pick(g5, 1, 0), _pick(k5, 1, 0)
         qk, kk = _split_block(_pick(q5, 1, 1), _pick(k5, 1, 1), k_t, g_b, g_t, g_1, m_b, m_t)
@@ -149,7 +161,7 @@ def _diag_block(q, k, gcum, sq, sk, r, end, n_q, n_k, i_h, H: tl.constexpr, K: t
         l1_kk += kk
         # the second half against the first, split at mid0: [2 QR, BKD] operands
         m_0 = (mid0 + 0 * o_s < end) & m_s
-        g_0 = tl.load(gcum + mid0 * (H * K) + i_h * K + o_s, mask=m_0, other=0.0)[None, :]
+        g_0 = tl.load(gl + mid0 * K + o_s, mask=m_0, other=0.0)[None, :]
         m_b = m_b0 & m_s[None, :]
         m_t = m_t0 & m_0[None, :]
         qk, kk = _split_block(_half(q5, 1, QR, BKD), _half(k5, 1, QR, BKD), _half(k5, 0, QR, BKD),
@@ -175,19 +187,52 @@ def _assemble(leaf, l1, l0, BC: tl.constexpr, QR: tl.constexpr):
 
 
 @triton.jit
-def _chunk_intra(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, gcum, w, u, qd, kd, aqk, scale, sq, sk,
-                 sv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                 BK: tl.constexpr, BV: tl.constexpr, BKD: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr,
-                 BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr):
-    """Row blocks i_b and, inside, earlier row blocks j_b are runtime loops over [BC, *] tiles: unrolled over whole
-    [BT, BK] tiles, the kernel held 255 registers x 8 warps, spilled, and compiled for minutes."""
-    i_c = tl.program_id(0)
-    i_h = tl.program_id(1)
+def _chunk_intra(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, n_chunks, gslots, glast, w, u, qd, kd, aqk,
+                 scale, sq, sk, sv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                 BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKD: tl.constexpr, GATE: tl.constexpr,
+                 L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr,
+                 PERSISTENT: tl.constexpr):
+    """PERSISTENT: program p takes the (chunk, head) items p, p + P, ... (item = head * n_chunks + chunk) and keeps
+    each one's G in its own slot of gslots [P, BT, K] fp32, rewritten in place per item, so on paper G stays in L2
+    (8.7 MB at P = 264, K = 128 on an H200) instead of costing 512 B of DRAM writes per token and head. Otherwise one
+    program (and slot) per item. Only G's last row per chunk is stored, into glast [chunks, H, K], for the state
+    pass."""
+    pid = tl.program_id(0)
+    slot = gslots + pid.to(tl.int64) * (BT * K)
+    if PERSISTENT:
+        for item in range(pid, n_chunks * H, tl.num_programs(0)):
+            _item(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, n_chunks, item, slot, glast, w, u, qd,
+                  kd, aqk, scale, sq, sk, sv, H, K, V, BT, BC, BK, BV, BKD, GATE, L2NORM, BETA_SIGMOID, PREC, INTERPRET)
+    else:
+        _item(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, n_chunks, pid, slot, glast, w, u, qd, kd,
+              aqk, scale, sq, sk, sv, H, K, V, BT, BC, BK, BV, BKD, GATE, L2NORM, BETA_SIGMOID, PREC, INTERPRET)
+
+
+@triton.jit
+def _item(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, n_chunks, item, slot, glast, w, u, qd, kd, aqk,
+          scale, sq, sk, sv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+          BK: tl.constexpr, BV: tl.constexpr, BKD: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr,
+          BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr):
+    """Work item `item` (head item // n_chunks, chunk item % n_chunks) with G in `slot`; spare chunks are empty."""
+    i_c = item % n_chunks
+    i_h = item // n_chunks
     start = tl.load(chunk_start + i_c).to(tl.int64)
     end = tl.load(chunk_end + i_c).to(tl.int64)
-    if start >= end:
-        return
-    _chunk_decay(g, A_log, dt_bias, gcum, start, end, i_h, H, K, BT, BK, min(BK, 32), GATE)
+    if start < end:
+        tl.debug_barrier()  # every thread is done reading the previous item's G from the slot
+        _one_chunk(q, k, v, g, beta, A_log, dt_bias, start, end, i_c, i_h, slot - start * K, glast, w, u, qd, kd,
+                   aqk, scale, sq, sk, sv, H, K, V, BT, BC, BK, BV, BKD, GATE, L2NORM, BETA_SIGMOID, PREC, INTERPRET)
+
+
+@triton.jit
+def _one_chunk(q, k, v, g, beta, A_log, dt_bias, start, end, i_c, i_h, gl, glast, w, u, qd, kd, aqk, scale, sq, sk,
+               sv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+               BK: tl.constexpr, BV: tl.constexpr, BKD: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr,
+               BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr):
+    """Stage 1 of chunk rows start..end-1 and head i_h; G[row, :] at gl + row * K. Row blocks i_b and, inside,
+    earlier row blocks j_b are runtime loops over [BC, *] tiles: unrolled over whole [BT, BK] tiles, the kernel held
+    255 registers x 8 warps, spilled, and compiled for minutes."""
+    _chunk_decay(g, A_log, dt_bias, gl, start, end, i_h, H, K, BT, BK, min(BK, 32), GATE)
     tl.debug_barrier()  # the row blocks read G back
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
@@ -195,7 +240,8 @@ def _chunk_intra(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, gcum,
     m_k = o_k < K
     m_v = o_v < V
     last = tl.minimum(start + BT, end) - 1
-    g_last = tl.load(gcum + (last * H + i_h) * K + o_k, mask=m_k, other=0.0)
+    g_last = tl.load(gl + last * K + o_k, mask=m_k, other=0.0)
+    tl.store(glast + (i_c * H + i_h) * K + o_k, g_last, mask=m_k)
     for i_b in range(0, BT // BC):
         r = start + i_b * BC
         if r < end:
@@ -213,13 +259,13 @@ def _chunk_intra(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, gcum,
                 n_k = n_q
             b_q = b_q * n_q
             b_k = b_k * n_k
-            b_g = tl.load(gcum + offs_rk, mask=mask_rk, other=0.0)
+            b_g = tl.load(gl + rows[:, None] * K + o_k[None, :], mask=mask_rk, other=0.0)
             b_beta = tl.load(beta + rows * H + i_h, mask=m_r, other=0.0).to(tl.float32)
             if BETA_SIGMOID:
                 b_beta = tl.where(m_r, tl.sigmoid(b_beta), 0.0)
             # this block's rows against earlier blocks j < r: the decay split at r, both factors <= 1; exp(G) of
             # the rows as exp(G - G_r) exp(G_r) (both <= 1): one exponential per column instead of one per element
-            g_r = tl.load(gcum + (r * H + i_h) * K + o_k, mask=m_k, other=0.0)
+            g_r = tl.load(gl + r * K + o_k, mask=m_k, other=0.0)
             e_r = tl.exp(tl.where(mask_rk, b_g - g_r[None, :], 0.0))
             e_g = e_r * tl.exp(g_r)[None, :]
             tl.store(qd + offs_rk, to_output_dtype(b_q * e_g * scale, qd, INTERPRET), mask=mask_rk)
@@ -239,7 +285,7 @@ def _chunk_intra(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, gcum,
                 offs_jk = (rows_j[:, None] * H + i_h) * K + o_k[None, :]
                 p_kj = k + rows_j[:, None] * sk + i_h * K + o_k[None, :]
                 k_j = l2_normalize_rows(tl.load(p_kj, mask=m_k[None, :], other=0.0).to(tl.float32), L2NORM)
-                g_j = tl.load(gcum + offs_jk, mask=m_k[None, :], other=0.0)
+                g_j = tl.load(gl + rows_j[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
                 k_hat = tl.trans(k_j * tl.exp(tl.where(m_k[None, :], g_r[None, :] - g_j, 0.0)))
                 a_qk = tl.dot(q_r, k_hat, input_precision=PREC)
                 tl.store(aqk + offs_a + j_b * BC + o_c[None, :], to_output_dtype(a_qk, aqk, INTERPRET),
@@ -250,7 +296,7 @@ def _chunk_intra(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, gcum,
                               other=0.0).to(tl.float32)
                 rhs_w -= tl.dot(a_kk, w_j, input_precision=PREC)
                 rhs_u -= tl.dot(a_kk, u_j, input_precision=PREC)
-            d_qk, d_kk = _diag_block(q, k, gcum, sq, sk, r, end, n_q, n_k, i_h, H, K, BC, BK, BKD)
+            d_qk, d_kk = _diag_block(q, k, gl, sq, sk, r, end, n_q, n_k, i_h, K, BC, BK, BKD)
             d_qk = tl.where(o_c[:, None] >= o_c[None, :], d_qk * scale, 0.0)
             d_kk = tl.where(o_c[:, None] > o_c[None, :], d_kk * b_beta[:, None], 0.0)
             tl.store(aqk + offs_a + i_b * BC + o_c[None, :], to_output_dtype(d_qk, aqk, INTERPRET), mask=m_r[:, None])
@@ -264,23 +310,27 @@ def _chunk_intra(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, gcum,
 def chunk_intra(q, k, v, g, beta, chunk_start, chunk_end, n_chunks, *, scale, BT, l2norm, beta_sigmoid, prec,
                 interpret, gate=False, A_log=None, dt_bias=None):
     """q, k [T, H, K], v [T, H, V] (rows may be strided), g [T, H, K] (the log decay, or the raw gate logits when
-    `gate`), beta [T, H] -> (G fp32 [T, H, K], W, U, Qd, Kd, A_qk [T, H, BT]): bf16 for 16-bit inputs, fp32 for
-    fp32 inputs."""
+    `gate`), beta [T, H] -> (G_last fp32 [n_chunks, H, K]: G's last row per chunk, W, U, Qd, Kd, A_qk [T, H, BT]):
+    bf16 for 16-bit inputs, fp32 for fp32 inputs."""
     import torch
 
     T, H, K = q.shape
     V = v.shape[-1]
     like = {"dtype": torch.float32 if q.dtype == torch.float32 else torch.bfloat16, "device": q.device}
-    gcum = torch.empty(T, H, K, dtype=torch.float32, device=q.device)
     w, qd, kd = (torch.empty(T, H, K, **like) for _ in range(3))
     u = torch.empty(T, H, V, **like)
     aqk = torch.empty(T, H, BT, **like)
+    glast = torch.empty(n_chunks, H, K, dtype=torch.float32, device=q.device)
     BK = max(16, triton.next_power_of_2(K))
     meta, options = split(CONFIGS.pick(K=K, V=V, elem=q.element_size()))
+    per_sm = meta.pop("PROGRAMS_PER_SM")  # 0: one program per (chunk, head)
+    programs = max(1, min(n_chunks * H, per_sm * triton_env.sm_count(q.device) or n_chunks * H))
+    gslots = torch.empty(programs, BT, K, dtype=torch.float32, device=q.device)
     meta["BKD"] = BK if widen() else min(BK, meta["BKD"])
-    _chunk_intra[(n_chunks, H)](
-        q, k, v, g, beta, A_log if gate else gcum, dt_bias if gate else gcum, chunk_start, chunk_end, gcum,
-        w, u, qd, kd, aqk, scale, q.stride(0), k.stride(0), v.stride(0),
+    _chunk_intra[(programs,)](
+        q, k, v, g, beta, A_log if gate else glast, dt_bias if gate else glast, chunk_start, chunk_end, n_chunks,
+        gslots, glast, w, u, qd, kd, aqk, scale, q.stride(0), k.stride(0), v.stride(0),
         H=H, K=K, V=V, BT=BT, BC=16, BK=BK, BV=max(16, triton.next_power_of_2(V)), GATE=gate,
-        L2NORM=l2norm, BETA_SIGMOID=beta_sigmoid, PREC=prec, INTERPRET=interpret, **meta, **options)
-    return gcum, w, u, qd, kd, aqk
+        L2NORM=l2norm, BETA_SIGMOID=beta_sigmoid, PREC=prec, INTERPRET=interpret, PERSISTENT=per_sm > 0,
+        **meta, **options)
+    return glast, w, u, qd, kd, aqk

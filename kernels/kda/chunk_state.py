@@ -74,7 +74,7 @@ def _store_state(ptr, S, matrix, k0, o_v, K: tl.constexpr, V: tl.constexpr, BKT:
 
 
 @triton.jit
-def _chunk_state(w, u, kd, gcum, cu_seqlens, chunk_first, h0, h, ht,
+def _chunk_state(w, u, kd, glast, cu_seqlens, chunk_first, h0, h, ht,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BKT: tl.constexpr,
                  BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
                  DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
@@ -106,7 +106,7 @@ def _chunk_state(w, u, kd, gcum, cu_seqlens, chunk_first, h0, h, ht,
         b_u = to_output_dtype(tile(u, rows, m_t, i_h, o_v, m_v, H, V).to(tl.float32) - ws, u, INTERPRET)
         tl.store(u + (rows[:, None] * H + i_h) * V + o_v[None, :], b_u, mask=m_t[:, None] & m_v[None, :])
         b_u = dot_operand(b_u, DOT_BF16, INTERPRET)
-        g_last = gcum + (tl.minimum(c0 + BT, eos) - 1) * H * K + i_h * K
+        g_last = glast + chunk * K  # G's last row in this chunk
         S1 = _state_step(S1, 0, kd, g_last, rows, m_t, i_h, b_u, H, K, BKT, PREC, DOT_BF16, INTERPRET)
         S2 = _state_step(S2, BKT, kd, g_last, rows, m_t, i_h, b_u, H, K, BKT, PREC, DOT_BF16, INTERPRET)
     if STORE_HT:
@@ -114,10 +114,11 @@ def _chunk_state(w, u, kd, gcum, cu_seqlens, chunk_first, h0, h, ht,
         _store_state(ht, S2, state, BKT, o_v, K, V, BKT, INTERPRET)
 
 
-def chunk_state(w, u, kd, gcum, cu_seqlens, chunk_first, n_chunks, *, BT, initial_state, output_final_state, h_dtype,
+def chunk_state(w, u, kd, glast, cu_seqlens, chunk_first, n_chunks, *, BT, initial_state, output_final_state, h_dtype,
                 prec, interpret):
-    """Stage-1 outputs [T, H, *] (bf16 or fp32) -> h [n_chunks, H, K, V] (h_dtype: the state each chunk starts from)
-    and the final state [N, H, K, V] fp32 (or None); u becomes U' in place."""
+    """Stage-1 outputs [T, H, *] (bf16 or fp32) and G's last row per chunk glast [n_chunks, H, K] -> h
+    [n_chunks, H, K, V] (h_dtype: the state each chunk starts from) and the final state [N, H, K, V] fp32 (or None);
+    u becomes U' in place."""
     T, H, K = w.shape
     V = u.shape[-1]
     N = cu_seqlens.numel() - 1
@@ -131,7 +132,7 @@ def chunk_state(w, u, kd, gcum, cu_seqlens, chunk_first, n_chunks, *, BT, initia
         prec = "tf32x3"
     h0 = initial_state.contiguous() if initial_state is not None else h
     _chunk_state[(N, H, triton.cdiv(V, meta["BV"]))](
-        w, u, kd, gcum, cu_seqlens, chunk_first, h0, h, ht if ht is not None else h,
+        w, u, kd, glast, cu_seqlens, chunk_first, h0, h, ht if ht is not None else h,
         H=H, K=K, V=V, BT=BT, BKT=max(16, triton.next_power_of_2(K) // 2),
         HAS_H0=initial_state is not None, STORE_HT=output_final_state, PREC=prec, DOT_BF16=w.dtype == torch.bfloat16,
         INTERPRET=interpret,
