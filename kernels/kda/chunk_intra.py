@@ -30,9 +30,9 @@ from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_
 
 from spark_bench import triton_env
 
-# BKD: the K slice of the diagonal blocks' products (_diag_block); elem: the input's element bytes. 16-bit inputs:
-# 4 warps, 212-233 registers, 2 CTAs per SM on sm_90a. fp32 inputs (IEEE dots on CUDA cores) spill 92-164 B at
-# 4 warps: 8 warps, 1 CTA per SM.
+# BKD: the K slice of the diagonal blocks' products (_diag_block); elem: the input's element bytes. 16-bit: 4 warps,
+# 213-221 registers (triton 3.9; 246-255 under 3.6), 2 CTAs per SM on sm_90a. fp32 inputs (IEEE dots on CUDA
+# cores) spill 92-164 B at 4 warps: 8 warps, 1 CTA per SM.
 # PROGRAMS_PER_SM: the persistent grid is PROGRAMS_PER_SM x SMs programs (one G slot each), the CTAs per SM the
 # config reaches (more programs than fit only wait for an SM); 0: one program per (chunk, head), G in as many slots
 # as a whole [T, H, K] G (the last candidate: whether the persistent loop wins is for `spark-bench tune` on a GPU).
@@ -248,7 +248,7 @@ def _one_chunk(q, k, v, g, beta, A_log, dt_bias, start, end, i_c, i_h, gl, glast
             rows = r + o_c
             m_r = rows < end
             mask_rk = m_r[:, None] & m_k[None, :]
-            offs_rk = (rows[:, None] * H + i_h) * K + o_k[None, :]  # of the contiguous G, W, Qd, Kd
+            offs_rk = (rows[:, None] * H + i_h) * K + o_k[None, :]  # of the contiguous W, Qd, Kd
             b_q = tl.load(q + rows[:, None] * sq + i_h * K + o_k[None, :], mask=mask_rk, other=0.0).to(tl.float32)
             b_k = tl.load(k + rows[:, None] * sk + i_h * K + o_k[None, :], mask=mask_rk, other=0.0).to(tl.float32)
             if L2NORM:
