@@ -14,12 +14,16 @@ token strides (the block's views of the conv output are not copied).
 Overflow (kda.md pitfall 4): exp(G_i - G_j) is never split at the chunk start. Off-diagonal blocks split it at the
 row block's first token r: (q_i exp(G_i - G_r)) . (k_j exp(G_r - G_j)) with j < r <= i, both factors <= 1; the
 16 x 16 diagonal blocks by recursive halving (_diag_block: 4 x 4 leaves pairwise, the rest split the same way).
-The solve is block forward substitution: each row block
-reads the W, U rows of earlier blocks back (written by this program, behind a barrier; L1/L2 hits), merges them
-with tensor-core dots, and applies the inverse of its unit-lower diagonal block, found by exact fp32 forward
-substitution in registers (row by row, vector ops: no rounding of the inverse to tf32 or bf16).
-Dot operands are fp32 (tf32 tensor cores for 16-bit inputs, IEEE for fp32): the interpreter's bf16 dot is broken
-(kernels/common.py), and the decay-scaled operands are formed in fp32 anyway.
+The solve, in two phases (as fla splits its intra solve from `recompute_w_u_fwd`): the row-block loop stores L's
+[BC, BC] blocks into the program's fp32 slot, with each diagonal block's inverse D_i = (I + L_ii)^-1 in place of
+L_ii (exact fp32 forward substitution in registers, vector ops); after it _invert builds the whole
+(I + L)^-1 [BT, BT] in registers by block forward substitution, X_i = D_i E_i - D_i (L_i,<i X), one tensor-core
+merge dot per row block (the diagonal blocks stay exact fp32), and _apply_inverse forms W and U as [BT, BT] x
+[BT, 32] dots. W's right-hand side Diag(beta) exp(G) K waits in W's rows in the output dtype (bf16 for 16-bit
+inputs: rounded before the solve, as fla's bf16 recompute_w_u_fwd operands are).
+Dot operands are fp32 (tf32 tensor cores for 16-bit inputs; IEEE for fp32 inputs in the row-block loop, 3xTF32 in
+the solve, whose IEEE [64, 64] operands spill): the interpreter's bf16 dot is broken (kernels/common.py), and the
+decay-scaled operands are formed in fp32 anyway.
 """
 
 import triton
@@ -30,25 +34,25 @@ from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_
 
 from spark_bench import triton_env
 
-# BKD: the K slice of the diagonal blocks' products (_diag_block); elem: the input's element bytes. 16-bit: 4 warps,
-# 213-221 registers (triton 3.9; 246-255 under 3.6), 2 CTAs per SM on sm_90a. fp32 inputs (IEEE dots on CUDA
-# cores) spill 92-164 B at 4 warps: 8 warps, 1 CTA per SM.
-# PROGRAMS_PER_SM: the persistent grid is PROGRAMS_PER_SM x SMs programs (one G slot each), the CTAs per SM the
-# config reaches (more programs than fit only wait for an SM); 0: one program per (chunk, head), G in as many slots
-# as a whole [T, H, K] G (the last candidate: whether the persistent loop wins is for `spark-bench tune` on a GPU).
-# fp32 inputs take 0 and BKD 16: their persistent loop spills 8-16 B at every 8-warp config under triton 3.6 (the
-# GPU machine's), and BKD 32 spills 4 B there.
+# BKD: the K slice of the diagonal blocks' products (_diag_block); elem: the input's element bytes. 4 warps, 2 CTAs
+# per SM on sm_90a: 16-bit inputs 212 registers (triton 3.9; 234-239 under 3.6); fp32 inputs (IEEE dots on CUDA
+# cores in the row-block loop) 254 under both, BKD 8 spills 4 B under 3.9 there.
+# PROGRAMS_PER_SM: the persistent grid is PROGRAMS_PER_SM x SMs programs (one slot each), the CTAs per SM the
+# config reaches (more programs than fit only wait for an SM); 0: one program per (chunk, head), with as many slots
+# (whether the persistent loop wins is for `spark-bench tune` on a GPU). fp32 inputs take 0: their persistent loop
+# spills 8-52 B at 4 warps.
 CONFIGS = declare(ConfigSpace(
     "kda.chunk_intra._chunk_intra", key=("K", "V", "elem"),
-    default={"BKD": 16, "PROGRAMS_PER_SM": 0, "num_warps": 8, "num_stages": 1},
+    default={"BKD": 16, "PROGRAMS_PER_SM": 0, "num_warps": 4, "num_stages": 1},
     buckets=[({"elem": 2}, {"BKD": 8, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1})],
     candidates=[{"BKD": 16, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1},
-                {"BKD": 32, "PROGRAMS_PER_SM": 0, "num_warps": 8, "num_stages": 1},
+                {"BKD": 16, "PROGRAMS_PER_SM": 0, "num_warps": 8, "num_stages": 1},  # the fp32 default until now
                 {"BKD": 8, "PROGRAMS_PER_SM": 1, "num_warps": 8, "num_stages": 1},
                 {"BKD": 4, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1},
                 {"BKD": 8, "PROGRAMS_PER_SM": 4, "num_warps": 4, "num_stages": 1},
                 {"BKD": 32, "PROGRAMS_PER_SM": 1, "num_warps": 8, "num_stages": 1},
-                {"BKD": 8, "PROGRAMS_PER_SM": 0, "num_warps": 4, "num_stages": 1}]))  # non-persistent
+                {"BKD": 8, "PROGRAMS_PER_SM": 0, "num_warps": 4, "num_stages": 1},  # non-persistent
+                {"BKD": 32, "PROGRAMS_PER_SM": 0, "num_warps": 4, "num_stages": 1}]))
 
 
 @triton.jit
@@ -187,18 +191,18 @@ def _assemble(leaf, l1, l0, BC: tl.constexpr, QR: tl.constexpr):
 
 
 @triton.jit
-def _chunk_intra(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, n_chunks, gslots, glast, w, u, qd, kd, aqk,
+def _chunk_intra(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, n_chunks, slots, glast, w, u, qd, kd, aqk,
                  scale, sq, sk, sv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                  BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKD: tl.constexpr, GATE: tl.constexpr,
                  L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr,
                  PERSISTENT: tl.constexpr):
     """PERSISTENT: program p takes the (chunk, head) items p, p + P, ... (item = head * n_chunks + chunk) and keeps
-    each one's G in its own slot of gslots [P, BT, K] fp32, rewritten in place per item, so on paper G stays in L2
-    (8.7 MB at P = 264, K = 128 on an H200) instead of costing 512 B of DRAM writes per token and head. Otherwise one
-    program (and slot) per item. Only G's last row per chunk is stored, into glast [chunks, H, K], for the state
-    pass."""
+    each one's G and L in its own slot of slots [P, BT * (K + BT)] fp32 (G [BT, K], then L [BT, BT]), rewritten in
+    place per item, so on paper they stay in L2 (12.7 MB at P = 264, K = 128 on an H200) instead of costing 512 B
+    of DRAM writes per token and head for G. Otherwise one program (and slot) per item. Only G's last row per chunk
+    is stored, into glast [chunks, H, K], for the state pass."""
     pid = tl.program_id(0)
-    slot = gslots + pid.to(tl.int64) * (BT * K)
+    slot = slots + pid.to(tl.int64) * (BT * (K + BT))
     if PERSISTENT:
         for item in range(pid, n_chunks * H, tl.num_programs(0)):
             _item(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, n_chunks, item, slot, glast, w, u, qd,
@@ -213,32 +217,33 @@ def _item(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, n_chunks, it
           scale, sq, sk, sv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
           BK: tl.constexpr, BV: tl.constexpr, BKD: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr,
           BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr):
-    """Work item `item` (head item // n_chunks, chunk item % n_chunks) with G in `slot`; spare chunks are empty."""
+    """Work item `item` (head item // n_chunks, chunk item % n_chunks) with G and L in `slot`; spare chunks are
+    empty."""
     i_c = item % n_chunks
     i_h = item // n_chunks
     start = tl.load(chunk_start + i_c).to(tl.int64)
     end = tl.load(chunk_end + i_c).to(tl.int64)
     if start < end:
-        tl.debug_barrier()  # every thread is done reading the previous item's G from the slot
-        _one_chunk(q, k, v, g, beta, A_log, dt_bias, start, end, i_c, i_h, slot - start * K, glast, w, u, qd, kd,
-                   aqk, scale, sq, sk, sv, H, K, V, BT, BC, BK, BV, BKD, GATE, L2NORM, BETA_SIGMOID, PREC, INTERPRET)
+        tl.debug_barrier()  # every thread is done reading the previous item's G and L from the slot
+        _one_chunk(q, k, v, g, beta, A_log, dt_bias, start, end, i_c, i_h, slot - start * K, slot + BT * K, glast,
+                   w, u, qd, kd, aqk, scale, sq, sk, sv, H, K, V, BT, BC, BK, BV, BKD, GATE, L2NORM, BETA_SIGMOID,
+                   PREC, INTERPRET)
 
 
 @triton.jit
-def _one_chunk(q, k, v, g, beta, A_log, dt_bias, start, end, i_c, i_h, gl, glast, w, u, qd, kd, aqk, scale, sq, sk,
-               sv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+def _one_chunk(q, k, v, g, beta, A_log, dt_bias, start, end, i_c, i_h, gl, lslot, glast, w, u, qd, kd, aqk, scale, sq,
+               sk, sv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                BK: tl.constexpr, BV: tl.constexpr, BKD: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr,
                BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr):
-    """Stage 1 of chunk rows start..end-1 and head i_h; G[row, :] at gl + row * K. Row blocks i_b and, inside,
-    earlier row blocks j_b are runtime loops over [BC, *] tiles: unrolled over whole [BT, BK] tiles, the kernel held
-    255 registers x 8 warps, spilled, and compiled for minutes."""
+    """Stage 1 of chunk rows start..end-1 and head i_h; G[row, :] at gl + row * K, L's blocks at lslot [BT, BT].
+    Row blocks i_b and, inside, earlier row blocks j_b are runtime loops over [BC, *] tiles (unrolled over whole
+    [BT, BK] tiles, the kernel held 255 registers x 8 warps, spilled, and compiled for minutes). Carrying L or the
+    inverse through that loop in registers spilled under triton 3.6 (28-56 B at 4 warps), hence the slot."""
     _chunk_decay(g, A_log, dt_bias, gl, start, end, i_h, H, K, BT, BK, min(BK, 32), GATE)
     tl.debug_barrier()  # the row blocks read G back
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
     m_k = o_k < K
-    m_v = o_v < V
     last = tl.minimum(start + BT, end) - 1
     g_last = tl.load(gl + last * K + o_k, mask=m_k, other=0.0)
     tl.store(glast + (i_c * H + i_h) * K + o_k, g_last, mask=m_k)
@@ -271,18 +276,15 @@ def _one_chunk(q, k, v, g, beta, A_log, dt_bias, start, end, i_c, i_h, gl, glast
             tl.store(qd + offs_rk, to_output_dtype(b_q * e_g * scale, qd, INTERPRET), mask=mask_rk)
             b_kd = b_k * tl.exp(tl.where(mask_rk, g_last[None, :] - b_g, 0.0))
             tl.store(kd + offs_rk, to_output_dtype(b_kd, kd, INTERPRET), mask=mask_rk)
-            mask_rv = m_r[:, None] & m_v[None, :]
-            offs_rv = (rows[:, None] * H + i_h) * V + o_v[None, :]
-            # block forward substitution: (I + L_bb) X_b = Diag(beta_b) rhs_b - sum_{j_b < i_b} L_b,j_b X_j_b
-            rhs_w = b_k * e_g * b_beta[:, None]
-            p_v = v + rows[:, None] * sv + i_h * V + o_v[None, :]
-            rhs_u = tl.load(p_v, mask=mask_rv, other=0.0).to(tl.float32) * b_beta[:, None]
+            # W's right-hand side Diag(beta) exp(G) * K waits in W's rows for _apply_inverse (U's, beta * v, is
+            # formed there from v)
+            tl.store(w + offs_rk, to_output_dtype(b_k * e_g * b_beta[:, None], w, INTERPRET), mask=mask_rk)
             q_r = b_q * e_r * scale
             k_r = b_k * e_r
             offs_a = (rows[:, None] * H + i_h) * BT
+            offs_l = (i_b * BC + o_c[:, None]) * BT + o_c[None, :]  # L's row block i_b, column block 0, in lslot
             for j_b in range(0, i_b):
                 rows_j = start + j_b * BC + o_c  # all < r < end
-                offs_jk = (rows_j[:, None] * H + i_h) * K + o_k[None, :]
                 p_kj = k + rows_j[:, None] * sk + i_h * K + o_k[None, :]
                 k_j = l2_normalize_rows(tl.load(p_kj, mask=m_k[None, :], other=0.0).to(tl.float32), L2NORM)
                 g_j = tl.load(gl + rows_j[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
@@ -291,20 +293,67 @@ def _one_chunk(q, k, v, g, beta, A_log, dt_bias, start, end, i_c, i_h, gl, glast
                 tl.store(aqk + offs_a + j_b * BC + o_c[None, :], to_output_dtype(a_qk, aqk, INTERPRET),
                          mask=m_r[:, None])
                 a_kk = tl.dot(k_r, k_hat, input_precision=PREC) * b_beta[:, None]
-                w_j = tl.load(w + offs_jk, mask=m_k[None, :], other=0.0).to(tl.float32)
-                u_j = tl.load(u + (rows_j[:, None] * H + i_h) * V + o_v[None, :], mask=m_v[None, :],
-                              other=0.0).to(tl.float32)
-                rhs_w -= tl.dot(a_kk, w_j, input_precision=PREC)
-                rhs_u -= tl.dot(a_kk, u_j, input_precision=PREC)
+                tl.store(lslot + offs_l + j_b * BC, a_kk)
             d_qk, d_kk = _diag_block(q, k, gl, sq, sk, r, end, n_q, n_k, i_h, K, BC, BK, BKD)
             d_qk = tl.where(o_c[:, None] >= o_c[None, :], d_qk * scale, 0.0)
             d_kk = tl.where(o_c[:, None] > o_c[None, :], d_kk * b_beta[:, None], 0.0)
             tl.store(aqk + offs_a + i_b * BC + o_c[None, :], to_output_dtype(d_qk, aqk, INTERPRET), mask=m_r[:, None])
-            inv = _unit_lower_inverse(d_kk, BC)
-            b_w = tl.dot(inv, rhs_w, input_precision=PREC)
-            tl.store(w + offs_rk, to_output_dtype(b_w, w, INTERPRET), mask=mask_rk)
-            tl.store(u + offs_rv, to_output_dtype(tl.dot(inv, rhs_u, input_precision=PREC), u, INTERPRET), mask=mask_rv)
-            tl.debug_barrier()  # the next row block reads these W, U rows back
+            # the diagonal block's inverse in place of L_ii (exact fp32 forward substitution in registers)
+            tl.store(lslot + offs_l + i_b * BC, _unit_lower_inverse(d_kk, BC))
+    tl.debug_barrier()  # _invert and _apply_inverse read what every thread stored in lslot and W
+    # fp32 inputs: 3xTF32 tensor-core dots (near-IEEE) here, where IEEE [64, 64] operands on CUDA cores spill
+    INV_PREC: tl.constexpr = "tf32x3" if PREC == "ieee" else PREC
+    ai = _invert(lslot, start, end, BT, BC, INV_PREC)
+    _apply_inverse(ai, v, beta, start, end, i_h, w, u, sv, H, K, V, BT, BK, BV, BETA_SIGMOID, INV_PREC, INTERPRET)
+
+
+@triton.jit
+def _invert(lslot, start, end, BT: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
+    """(I + L)^-1 [BT, BT] fp32, built in registers by block forward substitution over the row blocks i:
+    X_i = D_i E_i - D_i (sum_{j < i} L_ij X_j), with lslot [BT, BT] holding L's strictly lower blocks L_ij and, in
+    place of L_ii, D_i = (I + L_ii)^-1. The diagonal blocks stay exact fp32; the merges are tensor-core dots
+    ([BC, BT] x [BT, BT], then [BC, BC] x [BC, BT]). Row blocks past the chunk's end stay zero."""
+    NB: tl.constexpr = BT // BC
+    o_b = tl.arange(0, NB)
+    o_c = tl.arange(0, BC)
+    o_t = tl.arange(0, BT)
+    x = tl.zeros([NB, BC, BT], dtype=tl.float32)
+    for i_b in range(0, NB):
+        if start + i_b * BC < end:
+            rows = i_b * BC + o_c
+            row = tl.load(lslot + rows[:, None] * BT + o_t[None, :], mask=(o_t < i_b * BC + BC)[None, :], other=0.0)
+            d_i = tl.load(lslot + rows[:, None] * BT + i_b * BC + o_c[None, :])
+            merged = tl.dot(tl.where(o_t[None, :] < i_b * BC, row, 0.0), tl.reshape(x, [BT, BT]),
+                            input_precision=PREC)
+            x_i = tl.where(o_t[None, :] >= i_b * BC, row, 0.0) - tl.dot(d_i, merged, input_precision=PREC)
+            x = tl.where((o_b == i_b)[:, None, None], x_i[None, :, :], x)
+    return tl.reshape(x, [BT, BT])
+
+
+@triton.jit
+def _apply_inverse(ai, v, beta, start, end, i_h, w, u, sv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BETA_SIGMOID: tl.constexpr,
+                   PREC: tl.constexpr, INTERPRET: tl.constexpr):
+    """W = ai @ (W's rows: the right-hand sides, overwritten in place) and U = ai @ Diag(beta) V, in column slices
+    of 32, ai = (I + L)^-1 [BT, BT] fp32."""
+    rows = start + tl.arange(0, BT)
+    m_t = rows < end
+    b_beta = tl.load(beta + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+    if BETA_SIGMOID:
+        b_beta = tl.where(m_t, tl.sigmoid(b_beta), 0.0)
+    for k0 in range(0, BK, 32):
+        o_k = k0 + tl.arange(0, 32)
+        mask = m_t[:, None] & (o_k < K)[None, :]
+        p_w = w + (rows[:, None] * H + i_h) * K + o_k[None, :]
+        b_w = tl.dot(ai, tl.load(p_w, mask=mask, other=0.0).to(tl.float32), input_precision=PREC)
+        tl.debug_barrier()  # every thread has read this slice's right-hand sides before any overwrites them
+        tl.store(p_w, to_output_dtype(b_w, w, INTERPRET), mask=mask)
+    for v0 in range(0, BV, 32):
+        o_v = v0 + tl.arange(0, 32)
+        mask = m_t[:, None] & (o_v < V)[None, :]
+        b_v = tl.load(v + rows[:, None] * sv + i_h * V + o_v[None, :], mask=mask, other=0.0).to(tl.float32)
+        b_u = tl.dot(ai, b_v * b_beta[:, None], input_precision=PREC)
+        tl.store(u + (rows[:, None] * H + i_h) * V + o_v[None, :], to_output_dtype(b_u, u, INTERPRET), mask=mask)
 
 
 def chunk_intra(q, k, v, g, beta, chunk_start, chunk_end, n_chunks, *, scale, BT, l2norm, beta_sigmoid, prec,
@@ -325,11 +374,11 @@ def chunk_intra(q, k, v, g, beta, chunk_start, chunk_end, n_chunks, *, scale, BT
     meta, options = split(CONFIGS.pick(K=K, V=V, elem=q.element_size()))
     per_sm = meta.pop("PROGRAMS_PER_SM")  # 0: one program per (chunk, head)
     programs = max(1, min(n_chunks * H, per_sm * triton_env.sm_count(q.device) or n_chunks * H))
-    gslots = torch.empty(programs, BT, K, dtype=torch.float32, device=q.device)
+    slots = torch.empty(programs, BT * (K + BT), dtype=torch.float32, device=q.device)
     meta["BKD"] = BK if widen() else min(BK, meta["BKD"])
     _chunk_intra[(programs,)](
         q, k, v, g, beta, A_log if gate else glast, dt_bias if gate else glast, chunk_start, chunk_end, n_chunks,
-        gslots, glast, w, u, qd, kd, aqk, scale, q.stride(0), k.stride(0), v.stride(0),
+        slots, glast, w, u, qd, kd, aqk, scale, q.stride(0), k.stride(0), v.stride(0),
         H=H, K=K, V=V, BT=BT, BC=16, BK=BK, BV=max(16, triton.next_power_of_2(V)), GATE=gate,
         L2NORM=l2norm, BETA_SIGMOID=beta_sigmoid, PREC=prec, INTERPRET=interpret, PERSISTENT=per_sm > 0,
         **meta, **options)

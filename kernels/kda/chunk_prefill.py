@@ -5,7 +5,7 @@
   2. chunk_state.py  the sequential pass over chunks: per-chunk states h, U' and the final state grid (N, H, V/BV)
   3. chunk_output.py O = Qd h + Tril(A_qk) U', chunk-parallel                                     grid (V/BV, chunks, H)
 
-G lives in a per-program fp32 slot (only its last row per chunk is stored, [chunks, H, K] fp32); the other
+G and L live in a per-program fp32 slot (only G's last row per chunk is stored, [chunks, H, K] fp32); the other
 intermediates [T, H, *] and h [chunks, H, K, V] are bf16 for 16-bit inputs (fp32 for fp32 inputs), with bf16 dot
 operands and fp32 accumulation in stages 2-3. Varlen sequences never share a chunk; the chunk table is built on the
 device (no host sync, so the call is graph-capturable for a fixed token count) and cached per cu_seqlens tensor, as
