@@ -35,22 +35,20 @@ from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_
 from spark_bench import triton_env
 
 # BKD: the K slice of the diagonal blocks' products (_diag_block); elem: the input's element bytes. 4 warps, 2 CTAs
-# per SM on sm_90a: 16-bit inputs 212 registers (triton 3.9; 234-239 under 3.6); fp32 inputs (IEEE dots on CUDA
+# per SM on sm_90a: 16-bit inputs 208-216 registers (triton 3.9; 234-241 under 3.6); fp32 inputs (IEEE dots on CUDA
 # cores in the row-block loop) 254 under both, BKD 8 spills 4 B under 3.9 there.
 # PROGRAMS_PER_SM: the persistent grid is PROGRAMS_PER_SM x SMs programs (one slot each), the CTAs per SM the
 # config reaches (more programs than fit only wait for an SM); 0: one program per (chunk, head), with as many slots
 # (whether the persistent loop wins is for `spark-bench tune` on a GPU). fp32 inputs take 0: their persistent loop
-# spills 8-52 B at 4 warps.
+# spills 8-52 B at 4 warps. 8 warps spill at most keys under triton 3.6 (8-52 B; session 27's candidate gate).
 CONFIGS = declare(ConfigSpace(
     "kda.chunk_intra._chunk_intra", key=("K", "V", "elem"),
     default={"BKD": 16, "PROGRAMS_PER_SM": 0, "num_warps": 4, "num_stages": 1},
     buckets=[({"elem": 2}, {"BKD": 8, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1})],
     candidates=[{"BKD": 16, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1},
                 {"BKD": 16, "PROGRAMS_PER_SM": 0, "num_warps": 8, "num_stages": 1},  # the fp32 default until now
-                {"BKD": 8, "PROGRAMS_PER_SM": 1, "num_warps": 8, "num_stages": 1},
                 {"BKD": 4, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1},
                 {"BKD": 8, "PROGRAMS_PER_SM": 4, "num_warps": 4, "num_stages": 1},
-                {"BKD": 32, "PROGRAMS_PER_SM": 1, "num_warps": 8, "num_stages": 1},
                 {"BKD": 8, "PROGRAMS_PER_SM": 0, "num_warps": 4, "num_stages": 1},  # non-persistent
                 {"BKD": 32, "PROGRAMS_PER_SM": 0, "num_warps": 4, "num_stages": 1}]))
 
