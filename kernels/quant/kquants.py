@@ -20,11 +20,20 @@ def aligned(raw, alignment: int):
 
 
 @triton.jit
-def load_f16(ptr, mask):
-    """The fp16 stored little-endian at byte pointer(s) `ptr` -> fp32 (two byte loads: no alignment assumed)."""
-    lo = tl.load(ptr, mask=mask, other=0).to(tl.uint16)
-    hi = tl.load(ptr + 1, mask=mask, other=0).to(tl.uint16)
-    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+def load_f16_aligned(ptr, mask):
+    """The fp16 at 2-byte-aligned byte pointer(s) `ptr` (Q3_K's d under block_ptr's promise) -> fp32: one 16-bit
+    load (two byte loads before)."""
+    return tl.load(ptr.to(tl.pointer_type(tl.float16)), mask=mask, other=0).to(tl.float32)
+
+
+@triton.jit
+def load_f16_pair(ptr, mask):
+    """The two fp16 stored little-endian at 4-byte-aligned byte pointer(s) `ptr` (Q2_K's d, dmin under block_ptr's
+    promise) -> fp32 (first, second): one 32-bit load instead of four byte loads."""
+    word = tl.load(ptr.to(tl.pointer_type(tl.uint32)), mask=mask, other=0)
+    lo = (word & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+    hi = (word >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+    return lo.to(tl.float32), hi.to(tl.float32)
 
 
 @triton.jit
@@ -43,11 +52,10 @@ def block_ptr(rows, b, Q3: tl.constexpr):
 def block_scales(block, mask, Q3: tl.constexpr):
     """(d, dmin) of each row's super-block, fp32 [BN, 1]; dmin is 0 for Q3_K."""
     if Q3:
-        d = load_f16(block + 108, mask)
+        d = load_f16_aligned(block + 108, mask)
         dmin = tl.zeros_like(d)
     else:
-        d = load_f16(block + 80, mask)
-        dmin = load_f16(block + 82, mask)
+        d, dmin = load_f16_pair(block + 80, mask)
     return d, dmin
 
 
