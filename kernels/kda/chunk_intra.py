@@ -67,6 +67,15 @@ def _unit_lower_inverse(L, BC: tl.constexpr):
 
 
 @triton.jit
+def _load_beta(beta, rows, mask, H: tl.constexpr, i_h, BETA_SIGMOID: tl.constexpr):
+    """beta [T, H] of head i_h at `rows`, fp32, sigmoid applied when BETA_SIGMOID; 0 where ~mask."""
+    b = tl.load(beta + rows * H + i_h, mask=mask, other=0.0).to(tl.float32)
+    if BETA_SIGMOID:
+        b = tl.where(mask, tl.sigmoid(b), 0.0)
+    return b
+
+
+@triton.jit
 def _chunk_decay(g, A_log, dt_bias, gl, start, end, i_h, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                  BK: tl.constexpr, BKG: tl.constexpr, GATE: tl.constexpr):
     """G = cumsum of the chunk's decay (the gate applied first when GATE), stored fp32 at gl + row * K + column (the
@@ -196,7 +205,7 @@ def _chunk_intra(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, n_chu
                  PERSISTENT: tl.constexpr):
     """PERSISTENT: program p takes the (chunk, head) items p, p + P, ... (item = head * n_chunks + chunk) and keeps
     each one's G and L in its own slot of slots [P, BT * (K + BT)] fp32 (G [BT, K], then L [BT, BT]), rewritten in
-    place per item, so on paper they stay in L2 (12.7 MB at P = 264, K = 128 on an H200) instead of costing 512 B
+    place per item, so on paper they stay in L2 (13.0 MB at P = 264, K = 128 on an H200) instead of costing 512 B
     of DRAM writes per token and head for G. Otherwise one program (and slot) per item. Only G's last row per chunk
     is stored, into glast [chunks, H, K], for the state pass."""
     pid = tl.program_id(0)
@@ -263,9 +272,7 @@ def _one_chunk(q, k, v, g, beta, A_log, dt_bias, start, end, i_c, i_h, gl, lslot
             b_q = b_q * n_q
             b_k = b_k * n_k
             b_g = tl.load(gl + rows[:, None] * K + o_k[None, :], mask=mask_rk, other=0.0)
-            b_beta = tl.load(beta + rows * H + i_h, mask=m_r, other=0.0).to(tl.float32)
-            if BETA_SIGMOID:
-                b_beta = tl.where(m_r, tl.sigmoid(b_beta), 0.0)
+            b_beta = _load_beta(beta, rows, m_r, H, i_h, BETA_SIGMOID)
             # this block's rows against earlier blocks j < r: the decay split at r, both factors <= 1; exp(G) of
             # the rows as exp(G - G_r) exp(G_r) (both <= 1): one exponential per column instead of one per element
             g_r = tl.load(gl + r * K + o_k, mask=m_k, other=0.0)
@@ -336,9 +343,7 @@ def _apply_inverse(ai, v, beta, start, end, i_h, w, u, sv, H: tl.constexpr, K: t
     of 32, ai = (I + L)^-1 [BT, BT] fp32."""
     rows = start + tl.arange(0, BT)
     m_t = rows < end
-    b_beta = tl.load(beta + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32)
-    if BETA_SIGMOID:
-        b_beta = tl.where(m_t, tl.sigmoid(b_beta), 0.0)
+    b_beta = _load_beta(beta, rows, m_t, H, i_h, BETA_SIGMOID)  # again: cheaper than carrying it from the loop
     for k0 in range(0, BK, 32):
         o_k = k0 + tl.arange(0, 32)
         mask = m_t[:, None] & (o_k < K)[None, :]

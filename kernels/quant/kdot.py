@@ -20,7 +20,7 @@ super-block (row_sums), so the loop has no cross-thread reduction. The A_j, B_j 
 
 import triton
 import triton.language as tl
-from spark_bench.kernels.quant.kquants import load_f16_aligned, load_f16_pair
+from spark_bench.kernels.quant.kquants import block_scales
 
 ONE_BITS = tl.constexpr(0x3F800000)  # 1.0f
 
@@ -77,14 +77,14 @@ def _affine(block, mask, Q3: tl.constexpr):
     blk = block[:, :, None, None, None]
     m = mask[:, :, None, None, None]
     j = 8 * _h() + 2 * _s() + _p1()
+    d, dmin = block_scales(blk, m, Q3)
     if Q3:
         low = (tl.load(blk + 96 + j % 8, mask=m, other=0).to(tl.int32) >> (4 * (j // 8))) & 15
         high = (tl.load(blk + 104 + j % 4, mask=m, other=0).to(tl.int32) >> (2 * (j // 4))) & 3
-        dl = load_f16_aligned(blk + 108, m) * ((low | (high << 4)) - 32).to(tl.float32)
+        dl = d * ((low | (high << 4)) - 32).to(tl.float32)
         a, b = 8.0 * dl, -12.0 * dl
     else:
         sc = tl.load(blk + j, mask=m, other=0).to(tl.int32)
-        d, dmin = load_f16_pair(blk + 80, m)
         a = 4.0 * d * (sc & 15).to(tl.float32)
         b = -(a + dmin * (sc >> 4).to(tl.float32))
     return a, b

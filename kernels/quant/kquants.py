@@ -20,20 +20,9 @@ def aligned(raw, alignment: int):
 
 
 @triton.jit
-def load_f16_aligned(ptr, mask):
-    """The fp16 at 2-byte-aligned byte pointer(s) `ptr` (Q3_K's d under block_ptr's promise) -> fp32: one 16-bit
-    load (two byte loads before)."""
-    return tl.load(ptr.to(tl.pointer_type(tl.float16)), mask=mask, other=0).to(tl.float32)
-
-
-@triton.jit
-def load_f16_pair(ptr, mask):
-    """The two fp16 stored little-endian at 4-byte-aligned byte pointer(s) `ptr` (Q2_K's d, dmin under block_ptr's
-    promise) -> fp32 (first, second): one 32-bit load instead of four byte loads."""
-    word = tl.load(ptr.to(tl.pointer_type(tl.uint32)), mask=mask, other=0)
-    lo = (word & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
-    hi = (word >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
-    return lo.to(tl.float32), hi.to(tl.float32)
+def _f16_bits(bits):
+    """The fp16 in the low 16 bits of an unsigned integer -> fp32."""
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -50,12 +39,14 @@ def block_ptr(rows, b, Q3: tl.constexpr):
 
 @triton.jit
 def block_scales(block, mask, Q3: tl.constexpr):
-    """(d, dmin) of each row's super-block, fp32 [BN, 1]; dmin is 0 for Q3_K."""
+    """(d, dmin) of each row's super-block, fp32 (block's shape); dmin is 0 for Q3_K. One 16-bit load of Q3_K's d,
+    one 32-bit load of Q2_K's d | dmin (little-endian), under block_ptr's alignment promise, instead of byte pairs."""
     if Q3:
-        d = load_f16_aligned(block + 108, mask)
+        d = tl.load((block + 108).to(tl.pointer_type(tl.float16)), mask=mask, other=0).to(tl.float32)
         dmin = tl.zeros_like(d)
     else:
-        d, dmin = load_f16_pair(block + 80, mask)
+        word = tl.load((block + 80).to(tl.pointer_type(tl.uint32)), mask=mask, other=0)
+        d, dmin = _f16_bits(word), _f16_bits(word >> 16)
     return d, dmin
 
 
