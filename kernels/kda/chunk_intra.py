@@ -50,7 +50,9 @@ CONFIGS = declare(ConfigSpace(
                 {"BKD": 4, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1},
                 {"BKD": 8, "PROGRAMS_PER_SM": 4, "num_warps": 4, "num_stages": 1},
                 {"BKD": 8, "PROGRAMS_PER_SM": 0, "num_warps": 4, "num_stages": 1},  # non-persistent
-                {"BKD": 32, "PROGRAMS_PER_SM": 0, "num_warps": 4, "num_stages": 1}]))
+                {"BKD": 32, "PROGRAMS_PER_SM": 0, "num_warps": 4, "num_stages": 1}],
+    # A100 (mma.sync, no wgmma): every 4-warp candidate spills there (4-328 B, `kernels --target sm_80 --candidates`)
+    per_target={"sm_80": [({}, {"BKD": 16, "PROGRAMS_PER_SM": 0, "num_warps": 8, "num_stages": 1})]}))
 
 
 @triton.jit

@@ -157,14 +157,14 @@ class Recorder:
         JITFunction.run = run
         from spark_bench import triton_env
 
-        triton_env.set_capture_sm_count(self.target.sm_count)
+        triton_env.set_capture_target(self.target.name, self.target.sm_count)
         try:
             yield self
         finally:
             JITFunction.run = original_run
             knobs.runtime.jit_cache_hook = old_hook
             driver._active = previous
-            triton_env.set_capture_sm_count(None)
+            triton_env.set_capture_target(None)
 
 
 def capture(ops: list[str], backends: list[str], preset: str | None, overrides: dict[str, list[str]],

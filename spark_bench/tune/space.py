@@ -4,7 +4,10 @@ A `ConfigSpace` names the kernel, the shape parameters that can change the best 
 candidate configs and the default (the one chosen on paper, checked offline for sm_90a by `spark-bench kernels`: it
 compiles, fits in shared memory and does not spill). A config is a dict of the kernel's tunable constexprs plus
 `num_warps` / `num_stages`. `buckets` refine the default by key: the first (bounds, config) whose bounds all hold
-(`shape[k] <= bound`) wins.
+(`shape[k] <= bound`; equality for a non-numeric key such as a dtype) wins. `per_target` holds such rules for one
+GPU family (`triton_env.target_name`: sm_80, sm_90a, sm_100a), tried before `buckets` on that family only: a
+per-device table, as vLLM keeps, for where the paper choice does not fit another GPU (`spark-bench kernels --target
+sm_80` compiles the launches as they would be picked there).
 
 Wrappers launch with `space.pick(**key)`. What it returns, in order: a forced config (`spark-bench tune` timing one
 candidate: source "candidate"), the nearest entry of an installed tuned table (`run --tuned`: "tuned"), else the
@@ -33,20 +36,34 @@ class ConfigSpace:
     key: Sequence[str] = ()
     buckets: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]] = ()
     doc: str = ""
+    per_target: Mapping[str, Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]] = dataclasses.field(
+        default_factory=dict)
 
     def __post_init__(self) -> None:
+        from spark_bench.kernelgate.targets import TARGETS
+
+        unknown_targets = set(self.per_target) - set(TARGETS)
+        if unknown_targets:
+            raise ValueError(f"{self.kernel}: per_target names {sorted(unknown_targets)}; known: {', '.join(TARGETS)}")
+        rules = [*self.buckets, *(rule for target_rules in self.per_target.values() for rule in target_rules)]
         known = [dict(c) for c in self.candidates]
-        extra = [dict(c) for c in [self.default, *(cfg for _, cfg in self.buckets)] if dict(c) not in known]
+        extra = [dict(c) for c in [self.default, *(cfg for _, cfg in rules)] if dict(c) not in known]
         object.__setattr__(self, "candidates", [*{config_id(c): c for c in extra + known}.values()])
-        for bounds, _ in self.buckets:
+        for bounds, _ in rules:
             unknown = set(bounds) - set(self.key)
             if unknown:
                 raise ValueError(f"{self.kernel}: bucket bounds {sorted(unknown)} are not key parameters {self.key}")
 
-    def declared(self, **key: Any) -> dict[str, Any]:
-        """The declared choice at these key values: the first bucket whose bounds hold, else the default."""
-        for bounds, config in self.buckets:
-            if all(k in key and key[k] <= v for k, v in bounds.items()):
+    def declared(self, target: str | None = None, **key: Any) -> dict[str, Any]:
+        """The declared choice at these key values on `target` (default: where this process launches,
+        `triton_env.target_name()`): the first of that target's rules, then of the buckets, whose bounds hold; else
+        the default."""
+        if target is None:
+            from spark_bench import triton_env
+
+            target = triton_env.target_name()
+        for bounds, config in [*self.per_target.get(target, ()), *self.buckets]:
+            if all(k in key and _within(key[k], v) for k, v in bounds.items()):
                 return dict(config)
         return dict(self.default)
 
@@ -62,6 +79,12 @@ class ConfigSpace:
         if _STATE.log is not None:
             _STATE.log.append({"kernel": self.kernel, "key": key, "config": config, "source": source})
         return config
+
+
+def _within(value: Any, bound: Any) -> bool:
+    """A bucket bound holds: value <= bound for numbers, value == bound for anything else (a dtype's name)."""
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (value, bound))
+    return value <= bound if numeric else value == bound
 
 
 def config_id(config: Mapping[str, Any]) -> str:
