@@ -70,6 +70,9 @@ def test_decode_buckets():
     assert gated_rmsnorm.CONFIGS.pick(R=32, V=128)["BR"] == 4  # T = 1, H = 32: 8 programs
     assert gated_rmsnorm.CONFIGS.pick(R=65536, V=128) == gated_rmsnorm.CONFIGS.default
     assert short_conv.DECODE_CONFIGS.pick(N=1, D=12288)["BD"] == 64
+    # fp32 prefill: 8 x 128 tiles at 4 warps (>= 2 CTAs/SM on sm_90a); 16-bit keeps the default
+    assert short_conv.PREFILL_CONFIGS.pick(D=12288, dtype="torch.float32") == {"BT": 8, "BD": 128, "num_warps": 4}
+    assert short_conv.PREFILL_CONFIGS.pick(D=12288, dtype="torch.bfloat16") == short_conv.PREFILL_CONFIGS.default
 
 
 def candidate_params():

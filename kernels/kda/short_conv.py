@@ -17,10 +17,12 @@ from spark_bench.kernels.common import next_pow2, round_bf16, rounds_bf16, row_b
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 
 # BT x BD = 16 x 128 at 8 warps: 128 registers, no spills on sm_90a (32 x 128 at 4 warps spills: each of the W
-# taps keeps a [BT, BD] load in flight); 16 warps per SM either way. See docs/kernels.md.
+# taps keeps a [BT, BD] load in flight); 16 warps per SM either way. fp32 inputs: 8 x 128 at 4 warps (the same
+# elements per thread; at 8 warps the one-sequence variant took 138 registers under triton 3.9: 1 CTA/SM).
 PREFILL_CONFIGS = declare(ConfigSpace(
-    "kda.short_conv._short_conv_prefill", key=("D",),
+    "kda.short_conv._short_conv_prefill", key=("D", "dtype"),
     default={"BT": 16, "BD": 128, "num_warps": 8},
+    buckets=[({"dtype": "torch.float32"}, {"BT": 8, "BD": 128, "num_warps": 4})],
     candidates=[{"BT": 8, "BD": 128, "num_warps": 4}, {"BT": 32, "BD": 64, "num_warps": 8},
                 {"BT": 16, "BD": 256, "num_warps": 8}]))
 
@@ -117,7 +119,7 @@ def short_conv_prefill(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.
     new_state = torch.empty(N, D, W - 1, dtype=state_dtype, device=x.device)
     if conv_state is not None:
         conv_state = conv_state.contiguous()
-    meta, options = split(PREFILL_CONFIGS.pick(D=D))
+    meta, options = split(PREFILL_CONFIGS.pick(D=D, dtype=str(x.dtype)))
     if widen():  # one Python program at a time: few large ones
         meta["BD"] = min(next_pow2(D), 1024)
         meta["BT"] = row_block(meta["BD"])
