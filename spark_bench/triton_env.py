@@ -30,20 +30,21 @@ def configure(device: str | None = None) -> None:
         os.environ[ENV] = "1"
 
 
-# Set while `spark_bench.kernelgate.capture` records launches without a GPU: (name, SM count) of the target described.
-_capture_target: tuple[str, int] | None = None
+# Set while `spark_bench.kernelgate.capture` records launches without a GPU: the target described
+# (spark_bench.kernelgate.targets.Target: its name and SM count answer the queries below).
+_capture_target = None
 
 
-def set_capture_target(name: str | None, sm_count: int | None = None) -> None:
+def set_capture_target(target) -> None:
     global _capture_target
-    _capture_target = None if name is None else (name, int(sm_count or 0))
+    _capture_target = target
 
 
 def sm_count(device) -> int:
     """Streaming multiprocessors of `device` for wrappers that size their grids by it: the GPU's own count, the
     capture target's while launches are captured offline, 1 for the interpreter and CPU."""
     if _capture_target is not None:
-        return _capture_target[1]
+        return _capture_target.sm_count
     if interpreting() or getattr(device, "type", str(device)) != "cuda":
         return 1
     import torch
@@ -51,20 +52,17 @@ def sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def target_name(device=None) -> str | None:
-    """The offline gate's target family of `device` (default: the current CUDA device), which selects a config
-    space's per-target rules: the capture target's name offline, the GPU's family on CUDA (sm_80 / sm_90a / sm_100a,
-    `spark_bench.kernelgate.targets.family`), None for the interpreter and CPU."""
+def target_name() -> str | None:
+    """The GPU family launches go to, which selects a config space's per-target rules: the capture target's name
+    offline, the current CUDA device's family (sm_80 / sm_90a / sm_100a, `kernelgate.targets.family`), None for the
+    interpreter and CPU."""
     if _capture_target is not None:
-        return _capture_target[0]
-    if interpreting() or (device is not None and getattr(device, "type", str(device)) != "cuda"):
+        return _capture_target.name
+    if interpreting():
         return None
     import torch
 
-    if not torch.cuda.is_available():
-        return None
-    index = torch.cuda.current_device() if device is None or getattr(device, "index", None) is None else device.index
-    return _family_of(index)
+    return _family_of(torch.cuda.current_device()) if torch.cuda.is_available() else None
 
 
 @functools.cache
@@ -73,4 +71,5 @@ def _family_of(index: int) -> str | None:
 
     from spark_bench.kernelgate.targets import family
 
-    return family(*torch.cuda.get_device_capability(index))
+    major, minor = torch.cuda.get_device_capability(index)
+    return family(f"{major}.{minor}")

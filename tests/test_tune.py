@@ -42,6 +42,7 @@ def test_pick_prefers_forced_then_tuned_then_declared_and_logs_each_pick():
 
 def test_per_target_rules_apply_on_their_gpu_family_only_and_come_before_the_buckets():
     from spark_bench import triton_env
+    from spark_bench.kernelgate.targets import TARGETS, family
 
     space = ConfigSpace("test._t", key=("n",), default={"B": 16, "num_warps": 4},
                         buckets=[({"n": 64}, {"B": 8, "num_warps": 2})],
@@ -51,15 +52,14 @@ def test_per_target_rules_apply_on_their_gpu_family_only_and_come_before_the_buc
     assert space.declared(target="sm_80", n=32) == {"B": 8, "num_warps": 1}
     assert space.declared(target="sm_80", n=4096) == {"B": 16, "num_warps": 8}
     assert space.declared(target=None, n=4096) == {"B": 16, "num_warps": 4}
-    triton_env.set_capture_target("sm_80", 108)  # as `spark-bench kernels --target sm_80` captures launches
+    triton_env.set_capture_target(TARGETS["sm_80"])  # as `spark-bench kernels --target sm_80` captures launches
     try:
         assert triton_env.target_name() == "sm_80" and triton_env.sm_count(None) == 108
         assert space.pick(n=4096) == {"B": 16, "num_warps": 8}
     finally:
         triton_env.set_capture_target(None)
     assert space.pick(n=4096) == {"B": 16, "num_warps": 4}  # no GPU here: the default
-    from spark_bench.kernelgate.targets import family
-    assert [family(8, 6), family(9, 0), family(10, 0), family(7, 5)] == ["sm_80", "sm_90a", "sm_100a", None]
+    assert [family("8.6"), family("9.0"), family("10.0"), family("7.5")] == ["sm_80", "sm_90a", "sm_100a", None]
     by_dtype = ConfigSpace("test._d", key=("dtype",), default={"B": 1},
                            per_target={"sm_80": [({"dtype": "torch.float32"}, {"B": 2})]})
     assert by_dtype.declared(target="sm_80", dtype="torch.float32") == {"B": 2}

@@ -345,7 +345,7 @@ def _apply_inverse(ai, v, beta, start, end, i_h, w, u, sv, H: tl.constexpr, K: t
     of 32, ai = (I + L)^-1 [BT, BT] fp32."""
     rows = start + tl.arange(0, BT)
     m_t = rows < end
-    b_beta = _load_beta(beta, rows, m_t, H, i_h, BETA_SIGMOID)  # again: cheaper than carrying it from the loop
+    b_beta = _load_beta(beta, rows, m_t, H, i_h, BETA_SIGMOID)  # reloaded, not kept live across the loop
     for k0 in range(0, BK, 32):
         o_k = k0 + tl.arange(0, 32)
         mask = m_t[:, None] & (o_k < K)[None, :]

@@ -49,7 +49,7 @@ ROWS_CONFIGS = declare(ConfigSpace(
     # 8 warps: the selection's [64, 256] fp32 tiles took 255 registers and spilled 28 B (E = 256, one group)
     candidates=[{"BT": 64, "BD": 32, "num_warps": 16, "num_stages": 4},
                 {"BT": 32, "BD": 64, "num_warps": 8, "num_stages": 3}],
-    # A100 and B200: the 64-row selection spills there (8-84 B at E = 256 with groups, 24 B at E = 160); 32 rows do not
+    # A100, B200: the 64-row selection spills there (8-84 B at E = 256 with groups, 8-24 B at E = 160); 32 rows: none
     per_target={t: [({}, {"BT": 32, "BD": 64, "num_warps": 8, "num_stages": 3})] for t in ("sm_80", "sm_100a")},
     doc="BT whole rows (all experts) per program, BD of D per step"))
 

@@ -157,7 +157,7 @@ class Recorder:
         JITFunction.run = run
         from spark_bench import triton_env
 
-        triton_env.set_capture_target(self.target.name, self.target.sm_count)
+        triton_env.set_capture_target(self.target)
         try:
             yield self
         finally:

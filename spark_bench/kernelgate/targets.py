@@ -55,10 +55,11 @@ TARGETS = {
 REQUIRED = "sm_90a"
 
 
-def family(major: int, minor: int = 0) -> str | None:
-    """The target whose tables describe a GPU of compute capability major.minor: sm_80 for 8.x (A100's limits; 8.6 /
-    8.9 parts have less shared memory per SM), sm_90a for 9.x, sm_100a for 10.x; None for anything else."""
-    return {8: "sm_80", 9: "sm_90a", 10: "sm_100a"}.get(int(major))
+def family(capability: str) -> str | None:
+    """The target whose tables describe a GPU of compute capability "major.minor": sm_80 for 8.x (A100's limits;
+    8.6 / 8.9 parts have less shared memory per SM), sm_90a for 9.x, sm_100a for 10.x; None for anything else."""
+    major = str(capability).partition(".")[0]
+    return {"8": "sm_80", "9": "sm_90a", "10": "sm_100a"}.get(major)
 
 
 def parse_targets(text: str) -> list[Target]:

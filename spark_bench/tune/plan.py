@@ -18,8 +18,6 @@ from typing import Any
 from spark_bench.sweep import Case
 from spark_bench.tune.space import config_id, key_id
 
-CAPABILITY_TARGETS = {"8.0": "sm_80", "9.0": "sm_90a", "10.0": "sm_100a"}
-
 
 def prune_target(device: str, requested: str | None, device_info: dict[str, Any]) -> tuple[str | None, str]:
     """(target or None, why): the device's own target on CUDA, the requested one (`--target`), or sm_90a on a CPU
@@ -29,7 +27,9 @@ def prune_target(device: str, requested: str | None, device_info: dict[str, Any]
     if requested:
         return requested, f"offline pruning for {requested} (--target)"
     if device.startswith("cuda"):
-        target = CAPABILITY_TARGETS.get(str(device_info.get("capability")))
+        from spark_bench.kernelgate.targets import family
+
+        target = family(device_info.get("capability"))
         if target is None:
             return None, f"no offline target for compute capability {device_info.get('capability')}: not pruned"
         return target, f"offline pruning for {target} (this GPU)"

@@ -58,7 +58,7 @@ class ConfigSpace:
         """The declared choice at these key values on `target` (default: where this process launches,
         `triton_env.target_name()`): the first of that target's rules, then of the buckets, whose bounds hold; else
         the default."""
-        if target is None:
+        if target is None and self.per_target:  # only then: this runs on every launch
             from spark_bench import triton_env
 
             target = triton_env.target_name()
