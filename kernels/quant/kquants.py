@@ -51,16 +51,25 @@ def block_scales(block, mask, Q3: tl.constexpr):
 
 
 @triton.jit
-def _byte(block, mask, OFFSET):
-    return tl.load(block + OFFSET, mask=mask, other=0).to(tl.int32)
+def _byte_pair(block, mask, OFFSET):
+    """Bytes OFFSET and OFFSET + 1 (OFFSET even: 2-byte aligned under block_ptr's promise) of each row's
+    super-block as one 16-bit load -> (first, second), int32."""
+    word = tl.load((block + OFFSET).to(tl.pointer_type(tl.uint16)), mask=mask, other=0).to(tl.int32)
+    return word & 255, word >> 8
 
 
 @triton.jit
-def _q3_scale(block, mask, J):
-    """l_J - 32 for each row: bits 0-3 from scales[J % 8] (high nibble for J >= 8), bits 4-5 from scales[8 + J % 4]."""
-    low = (_byte(block, mask, 96 + J % 8) >> (4 * (J // 8))) & 15
-    high = (_byte(block, mask, 104 + J % 4) >> (2 * (J // 4))) & 3
-    return (low | (high << 4)) - 32
+def _q3_scale_pair(block, mask, J):
+    """(l_J - 32, l_(J+1) - 32) for each row, J even: bits 0-3 from scales[J % 8] (high nibble for J >= 8), bits 4-5
+    from scales[8 + J % 4] (at bit 2 * (J // 4)). J and J + 1 share both shifts and take adjacent bytes, so the pair
+    costs two 16-bit loads instead of four byte loads."""
+    low_a, low_b = _byte_pair(block, mask, 96 + J % 8)
+    high_a, high_b = _byte_pair(block, mask, 104 + J % 4)
+    s_low = 4 * (J // 8)
+    s_high = 2 * (J // 4)
+    l_a = ((low_a >> s_low) & 15) | (((high_a >> s_high) & 3) << 4)
+    l_b = ((low_b >> s_low) & 15) | (((high_b >> s_high) & 3) << 4)
+    return l_a - 32, l_b - 32
 
 
 @triton.jit
@@ -79,13 +88,11 @@ def dequant_chunk(block, mask, d, dmin, C0, Q3: tl.constexpr):
     if Q3:
         high = (tl.load(block + tl.arange(0, CHUNK)[None, :], mask=mask, other=0).to(tl.int32) >> (C0 // 32)) & 1
         q = (_codes(block, mask, 32, C0) - 4 + 4 * high).to(tl.float32)
-        s_a = d * _q3_scale(block, mask, C0 // 16).to(tl.float32)
-        s_b = d * _q3_scale(block, mask, C0 // 16 + 1).to(tl.float32)
-        w = tl.where(first, s_a, s_b) * q
+        l_a, l_b = _q3_scale_pair(block, mask, C0 // 16)
+        w = d * tl.where(first, l_a, l_b).to(tl.float32) * q
     else:
         q = _codes(block, mask, 16, C0).to(tl.float32)
-        sc_a = _byte(block, mask, C0 // 16)
-        sc_b = _byte(block, mask, C0 // 16 + 1)
+        sc_a, sc_b = _byte_pair(block, mask, C0 // 16)
         dl = tl.where(first, d * (sc_a & 15).to(tl.float32), d * (sc_b & 15).to(tl.float32))
         ml = tl.where(first, dmin * (sc_a >> 4).to(tl.float32), dmin * (sc_b >> 4).to(tl.float32))
         w = dl * q - ml
