@@ -5,10 +5,12 @@ blocks of BC = 16,
     A_qk[i, j] = scale * sum_d q_i k_j exp(G_i - G_j)  (j <= i),  L[i, j] = beta_i sum_d k_i k_j exp(G_i - G_j)  (j < i)
     W = (I + L)^-1 Diag(beta) (exp(G) * K),   U = (I + L)^-1 Diag(beta) V   (the UT transform)
 
-and the operands of stages 2-3: Qd = scale * q * exp(G), Kd = k * exp(G_last - G). G stays in the program's fp32
-slot (_chunk_intra) and only its last row per chunk is stored, for the state pass; W, U, Qd, Kd and A_qk are bf16
-for 16-bit inputs (fp32 for fp32 inputs). Qd is stored rather than formed in the output kernel from q and G: 2 B
-written and read per element against the 6 B of reading q and an fp32 G there. q, k and v are read through their
+and the operands of stages 2-3: Kd = k * exp(G_last - G) and Q' = Qd - Tril(A_qk) W, Qd = scale * q * exp(G) (the
+output's query side, regrouped so that the state pass need not write U - W h; chunk_prefill.py). G stays in the
+program's fp32 slot (_chunk_intra) and only its last row per chunk is stored, for the state pass; W, U, Q', Kd and
+A_qk are bf16 for 16-bit inputs (fp32 for fp32 inputs), A_qk's blocks above the diagonal never written. Qd is formed
+here rather than in the output kernel from q and G: 2 B written and read per element against the 6 B of reading q
+and an fp32 G there. q, k and v are read through their
 token strides (the block's views of the conv output are not copied).
 
 Overflow (kda.md pitfall 4): exp(G_i - G_j) is never split at the chunk start. Off-diagonal blocks split it at the
@@ -19,8 +21,9 @@ The solve, in two phases (as fla splits its intra solve from `recompute_w_u_fwd`
 L_ii (exact fp32 forward substitution in registers, vector ops); after it _invert builds the whole
 (I + L)^-1 [BT, BT] in registers by block forward substitution, X_i = D_i E_i - D_i (L_i,<i X), one tensor-core
 merge dot per row block (the diagonal blocks stay exact fp32), and _apply_inverse forms W and U as [BT, BT] x
-[BT, 32] dots. W's right-hand side Diag(beta) exp(G) K waits in W's rows in the output dtype (bf16 for 16-bit
-inputs: rounded before the solve, as fla's bf16 recompute_w_u_fwd operands are).
+[BT, 32] dots; _fold_query then forms Q' from W and A_qk as stored. W's right-hand side Diag(beta) exp(G) K
+waits in W's rows in the output dtype (bf16 for 16-bit inputs: rounded before the solve, as fla's bf16
+recompute_w_u_fwd operands are).
 Dot operands are fp32 (tf32 tensor cores for 16-bit inputs; IEEE for fp32 inputs in the row-block loop, 3xTF32 in
 the solve, whose IEEE [64, 64] operands spill): the interpreter's bf16 dot is broken (kernels/common.py), and the
 decay-scaled operands are formed in fp32 anyway.
@@ -30,13 +33,15 @@ import triton
 import triton.language as tl
 from spark_bench.kernels.common import widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
-from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_output_dtype
+from spark_bench.kernels.kda.chunk_prep import dot_operand, kda_decay, l2_normalize_rows, to_output_dtype
 
 from spark_bench import triton_env
 
 # BKD: the K slice of the diagonal blocks' products (_diag_block); elem: the input's element bytes. 4 warps, 2 CTAs
-# per SM on sm_90a: 16-bit inputs 208-216 registers (triton 3.9; 234-241 under 3.6); fp32 inputs (IEEE dots on CUDA
-# cores in the row-block loop) 254 under both, BKD 8 spills 4 B under 3.9 there.
+# per SM on sm_90a: 16-bit inputs 230-241 registers (triton 3.9), up to 255 under 3.6; fp32 inputs (IEEE dots on
+# CUDA cores in the row-block loop) 252-254 under both, BKD 8 spills 4 B under 3.9 there. 16-bit took BKD 8 until
+# _fold_query (session 29): with it, BKD 8 spills 8-16 B under 3.6 (the fused gate / L2 norm / beta sigmoid
+# variant: a hoisted 64-bit pointer of the persistent loop), BKD 4 4 B, BKD 16 none.
 # PROGRAMS_PER_SM: the persistent grid is PROGRAMS_PER_SM x SMs programs (one slot each), the CTAs per SM the
 # config reaches (more programs than fit only wait for an SM); 0: one program per (chunk, head), with as many slots
 # (whether the persistent loop wins is for `spark-bench tune` on a GPU). fp32 inputs take 0: their persistent loop
@@ -44,8 +49,8 @@ from spark_bench import triton_env
 CONFIGS = declare(ConfigSpace(
     "kda.chunk_intra._chunk_intra", key=("K", "V", "elem"),
     default={"BKD": 16, "PROGRAMS_PER_SM": 0, "num_warps": 4, "num_stages": 1},
-    buckets=[({"elem": 2}, {"BKD": 8, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1})],
-    candidates=[{"BKD": 16, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1},
+    buckets=[({"elem": 2}, {"BKD": 16, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1})],
+    candidates=[{"BKD": 8, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1},  # 16-bit until session 29
                 {"BKD": 16, "PROGRAMS_PER_SM": 0, "num_warps": 8, "num_stages": 1},  # the fp32 default until now
                 {"BKD": 4, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1},
                 {"BKD": 8, "PROGRAMS_PER_SM": 4, "num_warps": 4, "num_stages": 1},
@@ -312,6 +317,8 @@ def _one_chunk(q, k, v, g, beta, A_log, dt_bias, start, end, i_c, i_h, gl, lslot
     INV_PREC: tl.constexpr = "tf32x3" if PREC == "ieee" else PREC
     ai = _invert(lslot, start, end, BT, BC, INV_PREC)
     _apply_inverse(ai, v, beta, start, end, i_h, w, u, sv, H, K, V, BT, BK, BV, BETA_SIGMOID, INV_PREC, INTERPRET)
+    tl.debug_barrier()  # _fold_query reads the W every thread stored
+    _fold_query(w, qd, aqk, start, end, i_h, H, K, BT, BK, INV_PREC, INTERPRET)
 
 
 @triton.jit
@@ -361,11 +368,42 @@ def _apply_inverse(ai, v, beta, start, end, i_h, w, u, sv, H: tl.constexpr, K: t
         tl.store(u + (rows[:, None] * H + i_h) * V + o_v[None, :], to_output_dtype(b_u, u, INTERPRET), mask=mask)
 
 
+@triton.jit
+def _fold_query(w, qd, aqk, start, end, i_h, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                PREC: tl.constexpr, INTERPRET: tl.constexpr):
+    """Q' = Qd - Tril(A_qk) W over Qd in place, from W and A_qk as stored (the operands the old output pass met in
+    U - W h and Tril(A_qk) U'): bf16 dot operands for 16-bit inputs (exact, as they are stored), fp32 ones (PREC)
+    for fp32 inputs. Run after _apply_inverse, whose (I + L)^-1 is dead by then (with both live, fp32 inputs
+    spilled 24-88 B). [BT / 2, BT] x [BT, 32] steps: whole [BT, BT] A_qk tiles (their 64-bit pointers) spilled
+    8-16 B under triton 3.6."""
+    DOT_BF16: tl.constexpr = PREC == "tf32"  # 16-bit inputs: W and A_qk are stored bf16
+    BR: tl.constexpr = BT // 2
+    rows = start + tl.arange(0, BT)
+    m_t = rows < end
+    o_t = tl.arange(0, BT)
+    for k0 in range(0, BK, 32):
+        o_k = k0 + tl.arange(0, 32)
+        m_k = (o_k < K)[None, :]
+        b_w = dot_operand(tl.load(w + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k,
+                                  other=0.0), DOT_BF16, INTERPRET)
+        for r0 in range(0, BT, BR):
+            o_r = r0 + tl.arange(0, BR)
+            rows_r = start + o_r
+            m_r = (rows_r < end)[:, None]
+            tril = m_r & (o_r[:, None] >= o_t[None, :])  # A_qk's upper blocks are never written
+            a_qk = tl.load(aqk + (rows_r[:, None] * H + i_h) * BT + o_t[None, :], mask=tril, other=0.0)
+            offs = (rows_r[:, None] * H + i_h) * K + o_k[None, :]
+            b_qd = tl.load(qd + offs, mask=m_r & m_k, other=0.0).to(tl.float32)
+            tl.debug_barrier()  # every thread has read these rows of Qd before any overwrites them
+            b_q = b_qd - tl.dot(dot_operand(a_qk, DOT_BF16, INTERPRET), b_w, input_precision=PREC)
+            tl.store(qd + offs, to_output_dtype(b_q, qd, INTERPRET), mask=m_r & m_k)
+
+
 def chunk_intra(q, k, v, g, beta, chunk_start, chunk_end, n_chunks, *, scale, BT, l2norm, beta_sigmoid, prec,
                 interpret, gate=False, A_log=None, dt_bias=None):
     """q, k [T, H, K], v [T, H, V] (rows may be strided), g [T, H, K] (the log decay, or the raw gate logits when
-    `gate`), beta [T, H] -> (G_last fp32 [n_chunks, H, K]: G's last row per chunk, W, U, Qd, Kd, A_qk [T, H, BT]):
-    bf16 for 16-bit inputs, fp32 for fp32 inputs."""
+    `gate`), beta [T, H] -> (G_last fp32 [n_chunks, H, K]: G's last row per chunk, W, U, Q', Kd, A_qk [T, H, BT]
+    (lower block triangle only)): bf16 for 16-bit inputs, fp32 for fp32 inputs."""
     import torch
 
     T, H, K = q.shape

@@ -1,10 +1,12 @@
 """KDA chunk stage 3 (chunk-parallel): the output of every chunk from the state it starts from,
 
-    O = Qd h[c] + Tril(A_qk) U'        (Qd = scale q exp(G), U' = U - W h[c], both from stages 1-2)
+    O = Q' h[c] + Tril(A_qk) U        (Q' = scale q exp(G) - Tril(A_qk) W, U and A_qk from stage 1, h from stage 2)
+
+which is Qd h[c] + Tril(A_qk) (U - W h[c]) regrouped (chunk_prefill.py),
 
 one program per (BV columns of V, chunk, head), so the grid has V/BV x chunks x H programs however few sequences
 and heads there are (the serial stage has N x H x V/BV). The K reduction runs in slices of BK loaded from memory.
-For 16-bit inputs Qd, h, U' and A_qk are bf16 and the dots take them as bf16 operands (fp32 accumulation); fp32
+For 16-bit inputs Q', h, U and A_qk are bf16 and the dots take them as bf16 operands (fp32 accumulation); fp32
 inputs keep fp32 operands (tf32x3).
 """
 
@@ -42,7 +44,8 @@ def _chunk_output(qd, h, u, aqk, chunk_start, chunk_end, o, H: tl.constexpr, K: 
     m_t = rows < end
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
-    a = tl.where(o_t[:, None] >= o_t[None, :], tile(aqk, rows, m_t, i_h, o_t, o_t < BT, H, BT), 0.0)
+    # Tril(A_qk): its upper blocks are never written, so they are not read either
+    a = tile(aqk, rows, m_t, i_h, o_t, o_t < BT, H, BT, o_t[:, None] >= o_t[None, :])
     b_u = tile(u, rows, m_t, i_h, o_v, m_v, H, V)
     acc = tl.dot(dot_operand(a, DOT_BF16, INTERPRET), dot_operand(b_u, DOT_BF16, INTERPRET), input_precision=PREC)
     matrix = i_c * H + i_h
@@ -59,7 +62,7 @@ def _chunk_output(qd, h, u, aqk, chunk_start, chunk_end, o, H: tl.constexpr, K: 
 
 
 def chunk_output(qd, h, u, aqk, chunk_start, chunk_end, n_chunks, *, out_dtype, prec, interpret):
-    """Qd [T, H, K], h [n_chunks, H, K, V], U' [T, H, V], A_qk [T, H, BT] (bf16, or fp32 for fp32 inputs) -> o
+    """Q' [T, H, K], h [n_chunks, H, K, V], U [T, H, V], A_qk [T, H, BT] (bf16, or fp32 for fp32 inputs) -> o
     [T, H, V] in out_dtype."""
     T, H, K = qd.shape
     V = u.shape[-1]

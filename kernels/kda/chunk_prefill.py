@@ -1,9 +1,12 @@
 """The KDA chunkwise prefill core in three Triton stages (chunk BT = 64):
 
-  1. chunk_intra.py  G = chunk-local cumsum of the decay (gate fused), A_qk, the UT transform W, U, and the
-                     decayed Qd, Kd (L2 norm, beta sigmoid fused)           persistent grid (PROGRAMS_PER_SM x SMs)
-  2. chunk_state.py  the sequential pass over chunks: per-chunk states h, U' and the final state grid (N, H, V/BV)
-  3. chunk_output.py O = Qd h + Tril(A_qk) U', chunk-parallel                                     grid (V/BV, chunks, H)
+  1. chunk_intra.py  G = chunk-local cumsum of the decay (gate fused), A_qk, the UT transform W, U, the decayed
+                     Kd and Q' = Qd - Tril(A_qk) W (L2 norm, beta sigmoid fused)    grid PROGRAMS_PER_SM x SMs
+  2. chunk_state.py  the sequential pass over chunks: per-chunk states h and the final state  grid (N, H, V/BV)
+  3. chunk_output.py O = Q' h + Tril(A_qk) U, chunk-parallel                                 grid (V/BV, chunks, H)
+
+O = Qd h + Tril(A_qk) (U - W h) is regrouped as (Qd - Tril(A_qk) W) h + Tril(A_qk) U, so the serial pass forms the
+corrected values U - W h only in registers and writes nothing but h (counted: 256 B less per token·head).
 
 G and L live in a per-program fp32 slot (only G's last row per chunk is stored, [chunks, H, K] fp32); the other
 intermediates [T, H, *] and h [chunks, H, K, V] are bf16 for 16-bit inputs (fp32 for fp32 inputs), with bf16 dot
@@ -73,7 +76,7 @@ def chunk_kda_prefill(q, k, v, g, beta, scale=None, initial_state=None, output_f
     beta = beta.reshape(total, H).contiguous()
     prec = "ieee" if v.dtype == torch.float32 else "tf32"
     start, end, n_chunks, first = cached_chunk_table(cu_seqlens, total, BT)
-    glast, w, u, qd, kd, aqk = chunk_intra(
+    glast, w, u, q_out, kd, aqk = chunk_intra(
         q, k, v, g, beta, start, end, n_chunks, scale=scale, BT=BT, l2norm=use_qk_l2norm_in_kernel,
         beta_sigmoid=use_beta_sigmoid_in_kernel, prec=prec, interpret=INTERPRET, gate=use_gate_in_kernel,
         A_log=None if A_log is None else A_log.reshape(-1).contiguous(),
@@ -81,5 +84,5 @@ def chunk_kda_prefill(q, k, v, g, beta, scale=None, initial_state=None, output_f
     h_dtype = torch.float32 if v.dtype == torch.float32 else torch.bfloat16
     h, ht = chunk_state(w, u, kd, glast, cu_seqlens, first, n_chunks, BT=BT, initial_state=initial_state,
                         output_final_state=output_final_state, h_dtype=h_dtype, prec=prec, interpret=INTERPRET)
-    o = chunk_output(qd, h, u, aqk, start, end, n_chunks, out_dtype=v.dtype, prec=prec, interpret=INTERPRET)
+    o = chunk_output(q_out, h, u, aqk, start, end, n_chunks, out_dtype=v.dtype, prec=prec, interpret=INTERPRET)
     return o.view(B, T, H, V), ht

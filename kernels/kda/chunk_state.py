@@ -1,13 +1,14 @@
 """KDA chunk stage 2 (sequential over chunks): one program per (sequence, head, BV columns of V) carries the fp32
-state S [K, BV] through the sequence's chunks. Per chunk c it stores the state it starts from and the corrected
-values, then steps:
+state S [K, BV] through the sequence's chunks. Per chunk c it stores the state it starts from, then steps:
 
-    h[c] = S;   U' = U - W S   (written over U);   S = exp(G_last)[:, None] * S + Kd^T U'
+    h[c] = S;   U' = U - W S   (registers only);   S = exp(G_last)[:, None] * S + Kd^T U'
 
-The output O = Qd h[c] + Tril(A_qk) U' is chunk-parallel (chunk_output.py), as in fla's chunk_delta_h + chunk_o
-split: the serial pass carries only 2 dots per state tile, so it stays in registers on the fp32 path too.
-S is held as two register tiles of BKT = K/2 rows (fla keeps up to four 64-row tiles). For 16-bit inputs W, U, Kd,
-U' and h are bf16 and the dots take bf16 operands (S rounded to bf16 as an operand only, fp32 accumulation), as
+The output O = Q' h[c] + Tril(A_qk) U is chunk-parallel (chunk_output.py), as in fla's chunk_delta_h + chunk_o
+split, except that fla's output kernel reads U' (v_new) written here, and ours reads U and Q' = Qd - Tril(A_qk) W
+(formed by the intra kernel): this pass writes only h. It carries 2 dots per state tile, so it stays in registers
+on the fp32 path too.
+S is held as two register tiles of BKT = K/2 rows (fla keeps up to four 64-row tiles). For 16-bit inputs W, U, Kd
+and h are bf16 and the dots take bf16 operands (S and U' rounded to bf16 as operands only, fp32 accumulation), as
 fla's chunk_delta_h: a step moves [64, K] x 2 + [64, BV] x 2 bf16 tiles. fp32 inputs keep fp32 intermediates and
 tf32x3 dots (fp32-accurate on tensor cores; IEEE dots run on CUDA cores and spill). The chunk loop's pipeline
 depth is the declared num_stages (1: the next chunk's tiles are not prefetched; 2 fits in shared memory for bf16).
@@ -30,10 +31,10 @@ CONFIGS = declare(ConfigSpace(
 
 
 @triton.jit
-def tile(ptr, rows, m_rows, i_h, o_c, m_c, H: tl.constexpr, C: tl.constexpr):
-    """The [rows, o_c] tile of head i_h of a [T, H, C] tensor (zeros where masked)."""
-    return tl.load(ptr + (rows[:, None] * H + i_h) * C + o_c[None, :], mask=m_rows[:, None] & m_c[None, :],
-                   other=0.0)
+def tile(ptr, rows, m_rows, i_h, o_c, m_c, H: tl.constexpr, C: tl.constexpr, m_tile=True):
+    """The [rows, o_c] tile of head i_h of a [T, H, C] tensor (zeros where masked; m_tile: a [rows, o_c] mask)."""
+    return tl.load(ptr + (rows[:, None] * H + i_h) * C + o_c[None, :],
+                   mask=m_rows[:, None] & m_c[None, :] & m_tile, other=0.0)
 
 
 @triton.jit
@@ -106,7 +107,6 @@ def _chunk_state(w, u, kd, glast, cu_seqlens, chunk_first, h0, h, ht,
                             DOT_BF16, INTERPRET)
         ws = _w_times_state(w, S2, BKT, rows, m_t, i_h, ws, H, K, BKT, PREC, DOT_BF16, INTERPRET)
         b_u = to_output_dtype(tile(u, rows, m_t, i_h, o_v, m_v, H, V).to(tl.float32) - ws, u, INTERPRET)
-        tl.store(u + (rows[:, None] * H + i_h) * V + o_v[None, :], b_u, mask=m_t[:, None] & m_v[None, :])
         b_u = dot_operand(b_u, DOT_BF16, INTERPRET)
         g_last = glast + chunk * K  # G's last row in this chunk
         S1 = _state_step(S1, 0, kd, g_last, rows, m_t, i_h, b_u, H, K, BKT, PREC, DOT_BF16, INTERPRET)
@@ -119,8 +119,7 @@ def _chunk_state(w, u, kd, glast, cu_seqlens, chunk_first, h0, h, ht,
 def chunk_state(w, u, kd, glast, cu_seqlens, chunk_first, n_chunks, *, BT, initial_state, output_final_state, h_dtype,
                 prec, interpret):
     """Stage-1 outputs [T, H, *] (bf16 or fp32) and G's last row per chunk glast [n_chunks, H, K] -> h
-    [n_chunks, H, K, V] (h_dtype: the state each chunk starts from) and the final state [N, H, K, V] fp32 (or None);
-    u becomes U' in place."""
+    [n_chunks, H, K, V] (h_dtype: the state each chunk starts from) and the final state [N, H, K, V] fp32 (or None)."""
     T, H, K = w.shape
     V = u.shape[-1]
     N = cu_seqlens.numel() - 1
