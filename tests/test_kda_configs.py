@@ -75,6 +75,15 @@ def test_decode_buckets():
     assert short_conv.PREFILL_CONFIGS.pick(D=12288, dtype="torch.bfloat16") == short_conv.PREFILL_CONFIGS.default
 
 
+def test_chunk_intra_buckets():
+    """16-bit inputs: BKD 8 at K <= 32, BKD 16 above (each the one that does not spill under triton 3.6 there),
+    persistent; fp32 inputs keep the default (one program per chunk and head)."""
+    pick = chunk_intra.CONFIGS.pick
+    assert pick(K=32, V=48, elem=2) == {"BKD": 8, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1}
+    assert pick(K=128, V=128, elem=2) == {"BKD": 16, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1}
+    assert pick(K=32, V=48, elem=4) == pick(K=128, V=128, elem=4) == chunk_intra.CONFIGS.default
+
+
 def candidate_params():
     for kernel, (module, attr) in sorted(spaces().items(), key=lambda kv: kv[0]):
         for seed, config in enumerate(getattr(module, attr).candidates):

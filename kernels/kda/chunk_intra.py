@@ -41,7 +41,8 @@ from spark_bench import triton_env
 # per SM on sm_90a: 16-bit inputs 230-241 registers (triton 3.9), up to 255 under 3.6; fp32 inputs (IEEE dots on
 # CUDA cores in the row-block loop) 252-254 under both, BKD 8 spills 4 B under 3.9 there. 16-bit took BKD 8 until
 # _fold_query (session 29): with it, BKD 8 spills 8-16 B under 3.6 (the fused gate / L2 norm / beta sigmoid
-# variant: a hoisted 64-bit pointer of the persistent loop), BKD 4 4 B, BKD 16 none.
+# variant: a hoisted 64-bit pointer of the persistent loop), BKD 4 4 B, BKD 16 none; at K <= 32 (the quick sweep's
+# heads) it is the other way round: BKD 16 spills 4 B under 3.6, BKD 8 none.
 # PROGRAMS_PER_SM: the persistent grid is PROGRAMS_PER_SM x SMs programs (one slot each), the CTAs per SM the
 # config reaches (more programs than fit only wait for an SM); 0: one program per (chunk, head), with as many slots
 # (whether the persistent loop wins is for `spark-bench tune` on a GPU). fp32 inputs take 0: their persistent loop
@@ -49,7 +50,8 @@ from spark_bench import triton_env
 CONFIGS = declare(ConfigSpace(
     "kda.chunk_intra._chunk_intra", key=("K", "V", "elem"),
     default={"BKD": 16, "PROGRAMS_PER_SM": 0, "num_warps": 4, "num_stages": 1},
-    buckets=[({"elem": 2}, {"BKD": 16, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1})],
+    buckets=[({"K": 32, "elem": 2}, {"BKD": 8, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1}),
+             ({"elem": 2}, {"BKD": 16, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1})],
     candidates=[{"BKD": 8, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1},  # 16-bit until session 29
                 {"BKD": 16, "PROGRAMS_PER_SM": 0, "num_warps": 8, "num_stages": 1},  # the fp32 default until now
                 {"BKD": 4, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1},
