@@ -31,7 +31,7 @@ class Interrupted(Exception):
 def local_ray():
     """One local Ray instance for the module (start-up is slow), whose workers load the fault plugin."""
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS / "plugins"), os.environ.get("PYTHONPATH")])),
-           "SPARK_BENCH_PLUGINS": "fault_plugin", "FAULT_SLOW_S": "0.5", "RAY_USAGE_STATS_ENABLED": "0"}
+           "SPARK_BENCH_PLUGINS": "fault_plugin", "FAULT_SLOW_S": "2", "RAY_USAGE_STATS_ENABLED": "0"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     sys.path.insert(0, str(TESTS / "plugins"))  # for the local executor's workers, which get this sys.path
@@ -57,23 +57,25 @@ def test_ray_sweep_survives_crashes_a_lost_actor_and_resumes(tmp_path, local_ray
 
     def kill_then_interrupt(case, record):
         if not killed:
-            busy = [n for n, calls in executor.calls.items() if calls]
-            assert busy, "the lost-actor check needs an actor with a case in flight"
-            # an actor running the slow case first: a fast case could finish (and its result come back) before
-            # the signal lands on a loaded machine, and then no case is lost with the actor
-            busy.sort(key=lambda n: executor.calls[n][0][1].backend != "slow")
-            os.kill(executor.actor_info()[busy[0]]["pid"], signal.SIGKILL)  # as if its node were lost
-            killed.append(f"ray-{busy[0]}")
-        elif len(store.read_results()) >= 4:
+            # only an actor holding the slow case (FAULT_SLOW_S): one holding only fast cases can have finished
+            # them all before the signal lands on a loaded machine, and then no case is lost with it. Each actor
+            # takes a point's cases in order (slow last, depth 2), so this kills after a few results.
+            holding = [n for n, calls in executor.calls.items() if any(c.backend == "slow" for _ref, c in calls)]
+            if not holding:
+                return
+            holding.sort(key=lambda n: executor.calls[n][0][1].backend != "slow")  # running it first
+            os.kill(executor.actor_info()[holding[0]]["pid"], signal.SIGKILL)  # as if its node were lost
+            killed.append(f"ray-{holding[0]}")
+        elif record.get("phase") == "ray-actor":  # the lost case is journaled: stop there
             raise Interrupted  # as a Ctrl-C of the driver would
 
     with pytest.raises(Interrupted):
         _runner(store, executor, kill_then_interrupt).run(CASES)
     first = [r["case_id"] for r in store.read_results()]
-    assert len(first) == 4
+    assert 0 < len(first) < len(CASES), first  # the resume has work left (the other actor's slow case at least)
     _runner(store, RayExecutor(max_actors=1)).run(CASES)  # --resume
     records = store.read_results()
-    assert [r["case_id"] for r in records][:4] == first  # what was journaled stays, nothing runs twice
+    assert [r["case_id"] for r in records][:len(first)] == first  # what was journaled stays, nothing runs twice
     assert sorted(r["case_id"] for r in records) == sorted(c.case_id for c in CASES)
 
     lost = [r for r in records if r.get("phase") == "ray-actor"]
