@@ -29,7 +29,7 @@ CONFIGS = declare(ConfigSpace(
 
 
 @triton.jit
-def _chunk_output(qd, h, u, aqk, chunk_start, chunk_end, o, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _chunk_output(q_out, h, u, aqk, chunk_start, chunk_end, o, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                   DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
     i_v = tl.program_id(0)
@@ -54,20 +54,20 @@ def _chunk_output(qd, h, u, aqk, chunk_start, chunk_end, o, H: tl.constexpr, K: 
         m_k = o_k < K
         b_h = tl.load(h + (matrix * K + o_k[:, None]) * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :],
                       other=0.0)
-        b_q = tile(qd, rows, m_t, i_h, o_k, m_k, H, K)
+        b_q = tile(q_out, rows, m_t, i_h, o_k, m_k, H, K)
         acc = tl.dot(dot_operand(b_q, DOT_BF16, INTERPRET), dot_operand(b_h, DOT_BF16, INTERPRET), acc,
                      input_precision=PREC)
     tl.store(o + (rows[:, None] * H + i_h) * V + o_v[None, :], to_output_dtype(acc, o, INTERPRET),
              mask=m_t[:, None] & m_v[None, :])
 
 
-def chunk_output(qd, h, u, aqk, chunk_start, chunk_end, n_chunks, *, out_dtype, prec, interpret):
+def chunk_output(q_out, h, u, aqk, chunk_start, chunk_end, n_chunks, *, out_dtype, prec, interpret):
     """Q' [T, H, K], h [n_chunks, H, K, V], U [T, H, V], A_qk [T, H, BT] (bf16, or fp32 for fp32 inputs) -> o
     [T, H, V] in out_dtype."""
-    T, H, K = qd.shape
+    T, H, K = q_out.shape
     V = u.shape[-1]
     BT = aqk.shape[-1]
-    o = torch.empty(T, H, V, dtype=out_dtype, device=qd.device)
+    o = torch.empty(T, H, V, dtype=out_dtype, device=q_out.device)
     meta, options = split(CONFIGS.pick(K=K, V=V, dtype=str(out_dtype)))
     full_k, full_v = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
     if widen():  # one program at a time in Python: whole rows at once
@@ -76,7 +76,7 @@ def chunk_output(qd, h, u, aqk, chunk_start, chunk_end, n_chunks, *, out_dtype, 
     if prec == "ieee" and not interpret:
         prec = "tf32x3"
     _chunk_output[(triton.cdiv(V, meta["BV"]), n_chunks, H)](
-        qd, h, u, aqk, chunk_start, chunk_end, o, H=H, K=K, V=V, BT=BT, PREC=prec,
-        DOT_BF16=qd.dtype == torch.bfloat16, INTERPRET=interpret,
+        q_out, h, u, aqk, chunk_start, chunk_end, o, H=H, K=K, V=V, BT=BT, PREC=prec,
+        DOT_BF16=q_out.dtype == torch.bfloat16, INTERPRET=interpret,
         **meta, **options)
     return o
