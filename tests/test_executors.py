@@ -45,13 +45,17 @@ def _overlaps(timeline):
     return sum(1 for a, b in itertools.pairwise(spans) if b[2] < a[3])
 
 
-def test_fake_devices_run_in_parallel_and_agree_with_inprocess(tmp_path, fault_process):
+def test_fake_devices_run_in_parallel_and_agree_with_inprocess(tmp_path, fault_process, monkeypatch):
     import fault_plugin
 
     reg = Registry()
     reg.load_object("fault_plugin", fault_plugin)
     inproc = InProcessExecutor(reg)  # one case at a time, this process
     ref = _run(tmp_path, "inprocess", inproc)
+    # Each worker's first slow case waits for another worker's: on a loaded machine one worker can otherwise start so
+    # late that the other has run every case by then, and nothing overlaps (failed so in CI once).
+    (tmp_path / "meet").mkdir()
+    monkeypatch.setenv("FAULT_MEET_DIR", str(tmp_path / "meet"))
     # three fake devices: cpu0 alone on board b0, cpu1 and cpu2 sharing board b1 (never at once: energy is on)
     local = LocalExecutor(parse_devices("cpu0@b0,cpu1@b1,cpu2@b1", "cpu"))
     parallel = _run(tmp_path, "local", local, energy=True)

@@ -37,8 +37,28 @@ def good(x):
     return 2 * x
 
 
+_met = False
+
+
+def _meet_another_process(meet_dir: str, deadline_s: float = 40.0) -> None:
+    """Leave this process's mark in `meet_dir`, then wait (at most `deadline_s`) until another process has left one:
+    two workers are then inside a case at the same time, however late a loaded machine starts the second."""
+    global _met
+    if _met:
+        return
+    mine = os.path.join(meet_dir, str(os.getpid()))
+    open(mine, "w").close()
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and not any(name != str(os.getpid()) for name in os.listdir(meet_dir)):
+        time.sleep(0.01)
+    _met = True
+
+
 @op.backend("slow")
 def slow(x):
+    """Sleeps $FAULT_SLOW_S per call; with $FAULT_MEET_DIR set, its first call per process waits for a partner."""
+    if os.environ.get("FAULT_MEET_DIR"):
+        _meet_another_process(os.environ["FAULT_MEET_DIR"])
     time.sleep(float(os.environ.get("FAULT_SLOW_S", "0.01")))
     return 2 * x
 
