@@ -84,6 +84,16 @@ def test_chunk_intra_buckets():
     assert pick(K=32, V=48, elem=4) == pick(K=128, V=128, elem=4) == chunk_intra.CONFIGS.default
 
 
+
+def test_chunk_state_buckets():
+    """16-bit inputs prefetch the next chunk's operands into registers; fp32 loads at use (the default)."""
+    pick = chunk_state.CONFIGS.pick
+    for dtype in ("torch.bfloat16", "torch.float16"):
+        assert pick(K=128, V=128, dtype=dtype)["PREFETCH"] == 1
+    assert pick(K=128, V=128, dtype="torch.float32") == chunk_state.CONFIGS.default
+    assert chunk_state.CONFIGS.default["PREFETCH"] == 0
+    assert chunk_state.CONFIGS.declared(target="sm_80", K=128, V=128, dtype="torch.bfloat16")["PREFETCH"] == 0  # spills
+
 def candidate_params():
     for kernel, (module, attr) in sorted(spaces().items(), key=lambda kv: kv[0]):
         for seed, config in enumerate(getattr(module, attr).candidates):

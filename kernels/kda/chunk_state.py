@@ -10,8 +10,10 @@ on the fp32 path too.
 S is held as two register tiles of BKT = K/2 rows (fla keeps up to four 64-row tiles). For 16-bit inputs W, U, Kd
 and h are bf16 and the dots take bf16 operands (S and U' rounded to bf16 as operands only, fp32 accumulation), as
 fla's chunk_delta_h: a step moves [64, K] x 2 + [64, BV] x 2 bf16 tiles. fp32 inputs keep fp32 intermediates and
-tf32x3 dots (fp32-accurate on tensor cores; IEEE dots run on CUDA cores and spill). The chunk loop's pipeline
-depth is the declared num_stages (1: the next chunk's tiles are not prefetched; 2 fits in shared memory for bf16).
+tf32x3 dots (fp32-accurate on tensor cores; IEEE dots run on CUDA cores and spill). The chunk loop is a
+dependent chain (one step per chunk, few CTAs at one long sequence), so each step's operand loads are on it unless
+issued a step early: PREFETCH (declared, 16-bit default) loads chunk c+1's operands into registers at the top of step
+c; fp32 inputs load at use (their tiles would double the registers).
 """
 
 import torch
@@ -23,11 +25,22 @@ from spark_bench.kernels.kda.chunk_prep import dot_operand, to_output_dtype
 
 CONFIGS = declare(ConfigSpace(
     "kda.chunk_state._chunk_state", key=("K", "V", "dtype"),
-    default={"BV": 32, "num_warps": 4, "num_stages": 1},
-    candidates=[{"BV": 16, "num_warps": 4, "num_stages": 1}, {"BV": 64, "num_warps": 8, "num_stages": 1},
-                {"BV": 32, "num_warps": 4, "num_stages": 2}],
+    default={"BV": 32, "PREFETCH": 0, "num_warps": 4, "num_stages": 1},
+    # 16-bit: each step loads the next chunk's W, Kd, U and decay into registers before its own dots, so the serial
+    # chain does not wait a DRAM round trip per chunk (+70 registers: 2 CTAs/SM). Triton's own pipelining needs 3
+    # stages for that (2 issue the next loads after the dots: no overlap), 116 KB of shared memory: 1 CTA/SM.
+    buckets=[({"dtype": "torch.bfloat16"}, {"BV": 32, "PREFETCH": 1, "num_warps": 4, "num_stages": 1}),
+             ({"dtype": "torch.float16"}, {"BV": 32, "PREFETCH": 1, "num_warps": 4, "num_stages": 1})],
+    candidates=[{"BV": 16, "PREFETCH": 0, "num_warps": 4, "num_stages": 1},
+                {"BV": 64, "PREFETCH": 0, "num_warps": 8, "num_stages": 1},
+                {"BV": 32, "PREFETCH": 0, "num_warps": 4, "num_stages": 2},
+                {"BV": 32, "PREFETCH": 0, "num_warps": 4, "num_stages": 3},
+                {"BV": 16, "PREFETCH": 1, "num_warps": 4, "num_stages": 1}],
     # A100, fp32 (3xTF32 mma.sync): the default spills 264 B, BV 16 at 4 warps 8 B; 16-bit is clean at the default
-    per_target={"sm_80": [({"dtype": "torch.float32"}, {"BV": 16, "num_warps": 8, "num_stages": 1})]}))
+    # A100, 16-bit (mma.sync): PREFETCH spills 48 B, so it loads at use
+    per_target={"sm_80": [({"dtype": "torch.float32"}, {"BV": 16, "PREFETCH": 0, "num_warps": 8, "num_stages": 1}),
+                          ({"dtype": "torch.bfloat16"}, {"BV": 32, "PREFETCH": 0, "num_warps": 4, "num_stages": 1}),
+                          ({"dtype": "torch.float16"}, {"BV": 32, "PREFETCH": 0, "num_warps": 4, "num_stages": 1})]}))
 
 
 @triton.jit
@@ -38,22 +51,33 @@ def tile(ptr, rows, m_rows, i_h, o_c, m_c, H: tl.constexpr, C: tl.constexpr, m_t
 
 
 @triton.jit
-def _state_step(S, k0, kd, g_last, rows, m_t, i_h, b_u, H: tl.constexpr, K: tl.constexpr, BKT: tl.constexpr,
-                PREC: tl.constexpr, DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
-    """exp(G_last) S_tile + Kd[rows, k0:k0+BKT]^T U' for the state tile of K rows k0 .. k0+BKT (b_u: the operand)."""
+def _half(ptr, c0, eos, o_t, i_h, k0, H: tl.constexpr, K: tl.constexpr, BKT: tl.constexpr):
+    """Columns k0 .. k0+BKT of chunk c0's rows of a [T, H, K] tensor (W or Kd); all masked off when c0 >= eos."""
     o_k = k0 + tl.arange(0, BKT)
-    decay = tl.exp(tl.load(g_last + o_k, mask=o_k < K, other=0.0))
-    kd_t = dot_operand(tl.trans(tile(kd, rows, m_t, i_h, o_k, o_k < K, H, K)), DOT_BF16, INTERPRET)
-    return tl.dot(kd_t, b_u, S * decay[:, None], input_precision=PREC)
+    return tile(ptr, c0 + o_t, c0 + o_t < eos, i_h, o_k, o_k < K, H, K)
 
 
 @triton.jit
-def _w_times_state(w, S, k0, rows, m_t, i_h, acc, H: tl.constexpr, K: tl.constexpr, BKT: tl.constexpr,
-                   PREC: tl.constexpr, DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
-    """acc + W[rows, k0:k0+BKT] S_tile (S rounded to the operand type)."""
+def _g_last(glast, chunk, c0, eos, k0, K: tl.constexpr, BKT: tl.constexpr):
+    """G_last of columns k0 .. k0+BKT for chunk c0 (its row `chunk` of glast); zeros when c0 >= eos. The exp is taken
+    where the decay is used: taken here, a prefetched value would stall the step on its own load."""
     o_k = k0 + tl.arange(0, BKT)
-    w_t = dot_operand(tile(w, rows, m_t, i_h, o_k, o_k < K, H, K), DOT_BF16, INTERPRET)
-    return tl.dot(w_t, dot_operand(S, DOT_BF16, INTERPRET), acc, input_precision=PREC)
+    live = c0 + tl.zeros([BKT], dtype=tl.int64) < eos  # a tensor: a scalar bool is no mask in the interpreter
+    return tl.load(glast + chunk * K + o_k, mask=(o_k < K) & live, other=0.0)
+
+
+@triton.jit
+def _w_times(w_t, S, acc, PREC: tl.constexpr, DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + W_half S_half (S rounded to the operand type)."""
+    return tl.dot(dot_operand(w_t, DOT_BF16, INTERPRET), dot_operand(S, DOT_BF16, INTERPRET), acc,
+                  input_precision=PREC)
+
+
+@triton.jit
+def _advance(S, kd_t, g_last, b_u, PREC: tl.constexpr, DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
+    """exp(G_last) S + Kd^T U' for one half of the state's K rows."""
+    return tl.dot(dot_operand(tl.trans(kd_t), DOT_BF16, INTERPRET), b_u, S * tl.exp(g_last)[:, None],
+                  input_precision=PREC)
 
 
 @triton.jit
@@ -79,8 +103,8 @@ def _store_state(ptr, S, matrix, k0, o_v, K: tl.constexpr, V: tl.constexpr, BKT:
 @triton.jit
 def _chunk_state(w, u, kd, glast, cu_seqlens, chunk_first, h0, h, ht,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BKT: tl.constexpr,
-                 BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
-                 DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
+                 BV: tl.constexpr, PREFETCH: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
+                 PREC: tl.constexpr, DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
     i_n = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
     i_v = tl.program_id(2)
@@ -97,20 +121,40 @@ def _chunk_state(w, u, kd, glast, cu_seqlens, chunk_first, h0, h, ht,
     else:
         S1 = tl.zeros([BKT, BV], dtype=tl.float32)
         S2 = tl.zeros([BKT, BV], dtype=tl.float32)
+    if PREFETCH:  # chunk 0's operands; each step then loads the next chunk's before its own dots
+        n_w1, n_w2 = _half(w, bos, eos, o_t, i_h, 0, H, K, BKT), _half(w, bos, eos, o_t, i_h, BKT, H, K, BKT)
+        n_kd1, n_kd2 = _half(kd, bos, eos, o_t, i_h, 0, H, K, BKT), _half(kd, bos, eos, o_t, i_h, BKT, H, K, BKT)
+        n_u = tile(u, bos + o_t, bos + o_t < eos, i_h, o_v, m_v, H, V)
+        chunk = first * H + i_h
+        n_g1, n_g2 = _g_last(glast, chunk, bos, eos, 0, K, BKT), _g_last(glast, chunk, bos, eos, BKT, K, BKT)
     for c0 in range(bos, eos, BT):
-        rows = c0 + o_t
-        m_t = rows < eos
         chunk = (first + (c0 - bos) // BT) * H + i_h  # h[chunk, head]
         _store_state(h, S1, chunk, 0, o_v, K, V, BKT, INTERPRET)
         _store_state(h, S2, chunk, BKT, o_v, K, V, BKT, INTERPRET)
-        ws = _w_times_state(w, S1, 0, rows, m_t, i_h, tl.zeros([BT, BV], dtype=tl.float32), H, K, BKT, PREC,
-                            DOT_BF16, INTERPRET)
-        ws = _w_times_state(w, S2, BKT, rows, m_t, i_h, ws, H, K, BKT, PREC, DOT_BF16, INTERPRET)
-        b_u = to_output_dtype(tile(u, rows, m_t, i_h, o_v, m_v, H, V).to(tl.float32) - ws, u, INTERPRET)
-        b_u = dot_operand(b_u, DOT_BF16, INTERPRET)
-        g_last = glast + chunk * K  # G's last row in this chunk
-        S1 = _state_step(S1, 0, kd, g_last, rows, m_t, i_h, b_u, H, K, BKT, PREC, DOT_BF16, INTERPRET)
-        S2 = _state_step(S2, BKT, kd, g_last, rows, m_t, i_h, b_u, H, K, BKT, PREC, DOT_BF16, INTERPRET)
+        nxt = c0 + BT
+        if PREFETCH:  # this chunk's operands were loaded a step ago; the next chunk's are loaded now
+            w1, w2, kd1, kd2, u_t, g1, g2 = n_w1, n_w2, n_kd1, n_kd2, n_u, n_g1, n_g2
+            n_w1, n_w2 = _half(w, nxt, eos, o_t, i_h, 0, H, K, BKT), _half(w, nxt, eos, o_t, i_h, BKT, H, K, BKT)
+            n_kd1 = _half(kd, nxt, eos, o_t, i_h, 0, H, K, BKT)
+            n_kd2 = _half(kd, nxt, eos, o_t, i_h, BKT, H, K, BKT)
+            n_u = tile(u, nxt + o_t, nxt + o_t < eos, i_h, o_v, m_v, H, V)
+            n_g1 = _g_last(glast, chunk + H, nxt, eos, 0, K, BKT)
+            n_g2 = _g_last(glast, chunk + H, nxt, eos, BKT, K, BKT)
+        else:  # each operand is loaded just before its dot (fp32 tiles loaded at once would spill)
+            w1 = _half(w, c0, eos, o_t, i_h, 0, H, K, BKT)
+        ws = _w_times(w1, S1, tl.zeros([BT, BV], dtype=tl.float32), PREC, DOT_BF16, INTERPRET)
+        if not PREFETCH:
+            w2 = _half(w, c0, eos, o_t, i_h, BKT, H, K, BKT)
+        ws = _w_times(w2, S2, ws, PREC, DOT_BF16, INTERPRET)
+        if not PREFETCH:
+            u_t = tile(u, c0 + o_t, c0 + o_t < eos, i_h, o_v, m_v, H, V)
+        b_u = dot_operand(to_output_dtype(u_t.to(tl.float32) - ws, u, INTERPRET), DOT_BF16, INTERPRET)  # U - W S
+        if not PREFETCH:
+            kd1, g1 = _half(kd, c0, eos, o_t, i_h, 0, H, K, BKT), _g_last(glast, chunk, c0, eos, 0, K, BKT)
+        S1 = _advance(S1, kd1, g1, b_u, PREC, DOT_BF16, INTERPRET)
+        if not PREFETCH:
+            kd2, g2 = _half(kd, c0, eos, o_t, i_h, BKT, H, K, BKT), _g_last(glast, chunk, c0, eos, BKT, K, BKT)
+        S2 = _advance(S2, kd2, g2, b_u, PREC, DOT_BF16, INTERPRET)
     if STORE_HT:
         _store_state(ht, S1, state, 0, o_v, K, V, BKT, INTERPRET)
         _store_state(ht, S2, state, BKT, o_v, K, V, BKT, INTERPRET)
