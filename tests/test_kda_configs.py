@@ -84,7 +84,6 @@ def test_chunk_intra_buckets():
     assert pick(K=32, V=48, elem=4) == pick(K=128, V=128, elem=4) == chunk_intra.CONFIGS.default
 
 
-
 def test_chunk_state_buckets():
     """16-bit inputs prefetch the next chunk's operands into registers; fp32 loads at use (the default)."""
     pick = chunk_state.CONFIGS.pick
@@ -93,6 +92,7 @@ def test_chunk_state_buckets():
     assert pick(K=128, V=128, dtype="torch.float32") == chunk_state.CONFIGS.default
     assert chunk_state.CONFIGS.default["PREFETCH"] == 0
     assert chunk_state.CONFIGS.declared(target="sm_80", K=128, V=128, dtype="torch.bfloat16")["PREFETCH"] == 0  # spills
+
 
 def candidate_params():
     for kernel, (module, attr) in sorted(spaces().items(), key=lambda kv: kv[0]):
