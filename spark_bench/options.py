@@ -93,7 +93,8 @@ def sweep_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--backend", "backends", multiple=True, help="Backend name or glob (repeatable), e.g. "
                      "'triton*'. Default: every default one."),
         click.option("--preset", default=None, help="Named model shape set, e.g. kimi-linear."),
-        click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Sweep these values of an axis."),
+        click.option("--set", "sets", multiple=True, metavar="[OP:]AXIS=V1,V2",
+                     help="Sweep these values of an axis (OP:AXIS: only on the ops the name or glob OP matches)."),
         click.option("--dtype", "dtypes", multiple=True, help="bf16, fp16, fp32 (repeatable or comma-separated)."),
         click.option("--device", default=None, help="cpu or cuda[:N] (default: cuda if present, else cpu)."),
         click.option("--quick", is_flag=True, help="Small shapes and a short timing budget: every op in minutes."),

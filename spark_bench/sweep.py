@@ -83,7 +83,8 @@ class SweepSpec:
 
 
 def parse_set(text: str) -> tuple[str, list[str]]:
-    """'heads=4,8' -> ('heads', ['4', '8'])."""
+    """'heads=4,8' -> ('heads', ['4', '8']); 'kda.gate:tokens=1,8' -> ('kda.gate:tokens', ['1', '8']): an axis
+    qualified by an op glob applies to the ops it matches only (and wins there over the same unqualified axis)."""
     if "=" not in text:
         raise UsageError(f"malformed --set {text!r}: expected AXIS=V1,V2,... (e.g. --set heads=4,8)")
     axis, _, values = text.partition("=")
@@ -107,9 +108,23 @@ def _dtypes(op: Op, spec: SweepSpec) -> list[str]:
     return op.sweep_dtypes(quick=spec.quick, preset=spec.preset)
 
 
+def split_key(key: str) -> tuple[str | None, str]:
+    """An override's key 'axis' or 'op_glob:axis' -> (op glob or None, axis)."""
+    glob, sep, axis = key.rpartition(":")
+    return (glob, axis) if sep else (None, key)
+
+
+def op_overrides(overrides: dict[str, list[str]], op_name: str) -> dict[str, list[str]]:
+    """The raw --set values that apply to op `op_name`: unqualified axes, then those of globs matching it."""
+    plain = {k: v for k, v in overrides.items() if split_key(k)[0] is None}
+    qualified = {axis: v for k, v in overrides.items() for glob, axis in [split_key(k)]
+                 if glob is not None and fnmatchcase(op_name, glob)}
+    return {**plain, **qualified}
+
+
 def _typed_overrides(op: Op, overrides: dict[str, list[str]]) -> dict[str, list[Any]]:
     typed = {}
-    for axis_name, raw in overrides.items():
+    for axis_name, raw in op_overrides(overrides, op.name).items():
         if axis_name not in op.axis_names:
             continue
         axis = op.axis(axis_name)
@@ -130,8 +145,11 @@ def validate(reg: Registry, spec: SweepSpec) -> list[Op]:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     known_axes = {a for op in ops for a in op.axis_names}
-    for axis_name in spec.overrides:
-        if axis_name not in known_axes:
+    for key in spec.overrides:
+        glob, axis_name = split_key(key)
+        if glob is not None:
+            _check_qualified(ops, glob, axis_name)
+        elif axis_name not in known_axes:
             choices = ", ".join(sorted(known_axes)) or "(none)"
             hint = " (a shared axis name, but none of the selected ops has it)" if axis_name in SHARED_AXES else ""
             raise UsageError(f"unknown axis {axis_name!r}{hint}; the selected ops have: {choices}")
@@ -150,6 +168,17 @@ def validate(reg: Registry, spec: SweepSpec) -> list[Op]:
     for op in ops:
         _typed_overrides(op, spec.overrides)
     return ops
+
+
+def _check_qualified(ops: Sequence[Op], glob: str, axis_name: str) -> None:
+    matched = [op for op in ops if fnmatchcase(op.name, glob)]
+    if not matched:
+        raise UsageError(f"--set {glob}:{axis_name}: no selected op matches {glob!r}; the selected ops: "
+                         f"{', '.join(op.name for op in ops)}")
+    have = {a for op in matched for a in op.axis_names}
+    if axis_name not in have:
+        raise UsageError(f"--set {glob}:{axis_name}: unknown axis {axis_name!r} for {glob}; it has: "
+                         f"{', '.join(sorted(have))}")
 
 
 def _probe(reg: Registry, ops: Sequence[Op], spec: SweepSpec) -> dict[tuple[str, str], str | None]:

@@ -12,6 +12,9 @@ from conftest import run_cli
     (["run", "--op", "kda.gate", "--set", "nope=1"], "unknown axis 'nope'"),
     (["run", "--op", "kda.gate", "--set", "heads"], "malformed --set 'heads'"),
     (["run", "--op", "kda.gate", "--set", "heads=four"], "takes integers"),
+    (["run", "--op", "kda.gate", "--set", "moe.*:tokens=1"], "--set moe.*:tokens: no selected op matches 'moe.*'"),
+    (["run", "--op", "kda.*", "--set", "kda.gate:topk=1"], "unknown axis 'topk' for kda.gate; it has: head_dim,"),
+    (["run", "--op", "kda.gate", "--set", "kda.gate:tokens=x"], "takes integers"),
     (["run", "--op", "kda.gate", "--dtype", "fp8"], "unknown dtype 'fp8'"),
     (["run", "--op", "kda.gate", "--preset", "nope"], "unknown preset 'nope'"),
     (["run", "--op", "kda.gate", "--device", "tpu"], "unknown device 'tpu'"),
@@ -48,3 +51,18 @@ def test_env_json_has_fingerprint():
     fp = json.loads(out)
     assert code == 0 and fp["device"]["type"] == "cpu" and len(fp["fingerprint_id"]) == 16
     assert fp["versions"]["torch"]
+
+
+def test_an_op_qualified_set_applies_to_its_ops_only_and_wins_there():
+    from spark_bench.registry import registry
+    from spark_bench.sweep import SweepSpec, build_cases
+
+    spec = SweepSpec(ops=["kda.gate", "kda.gated_rmsnorm", "moe.experts"], backends=["torch"], device="cpu",
+                     quick=True, overrides={"tokens": ["7"], "kda.gate:tokens": ["3", "5"], "moe.*:tokens": ["2"],
+                                            "kda.gate*:heads": ["2"]})
+    points = {}
+    for case in build_cases(registry(), spec):
+        points.setdefault(case.op, set()).add((case.params["tokens"], case.params.get("heads")))
+    assert {t for t, _ in points["kda.gate"]} == {3, 5} and {h for _, h in points["kda.gate"]} == {2}
+    assert {t for t, _ in points["kda.gated_rmsnorm"]} == {7} and {h for _, h in points["kda.gated_rmsnorm"]} == {2}
+    assert {t for t, _ in points["moe.experts"]} == {2}

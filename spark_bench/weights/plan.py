@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spark_bench.sweep import op_overrides, split_key
 from spark_bench.weights import WeightError, source
 
 GLOB_CHARS = set("*?[")
@@ -25,7 +26,7 @@ def bind(ops: list, spec: Any, typed_overrides, notes: list[str] | None = None
          ) -> tuple[list, dict[str, dict[str, list[Any]]]]:
     """(the ops to sweep, {op name: {axis: [values]} to put over the user's overrides}). Raises WeightError. The
     ops a glob selected but the layer cannot feed are left out, each with its reason appended to `notes`."""
-    routing_values = list(spec.overrides.get("routing", []))
+    routing_values = [v for key, vals in spec.overrides.items() if split_key(key)[1] == "routing" for v in vals]
     if spec.weights is None:
         for value in REPLAY_ROUTINGS:
             if value in routing_values:
@@ -49,7 +50,7 @@ def bind(ops: list, spec: Any, typed_overrides, notes: list[str] | None = None
             for axis, value in op.from_weights.fixed(src.shapes(op.from_weights.family)).items():
                 if axis not in op.axis_names:
                     continue
-                if axis in spec.overrides:
+                if axis in op_overrides(spec.overrides, op.name):
                     raise WeightError(f"--set {axis}: the weight file fixes {op.name}'s {axis} to {value} "
                                       f"({src.where}); drop --set {axis}")
                 axes[axis] = [value]
@@ -85,22 +86,24 @@ def _router_axes(op, src, spec, axes) -> None:
     """topk must be known (from the file or --set); groups default to 1 when the file does not state them."""
     if op.from_weights.family != "moe":
         return
-    if "topk" in op.axis_names and "topk" not in axes and "topk" not in spec.overrides and \
+    sets = op_overrides(spec.overrides, op.name)
+    if "topk" in op.axis_names and "topk" not in axes and "topk" not in sets and \
             not (src.routing and "routing" in op.axis_names):
         raise WeightError(f"{src.where}: the file does not state the router's top-k (no config.json beside a "
                           f"safetensors checkpoint, no expert_used_count in a GGUF): give --set topk=K")
     for axis, value in ROUTER_DEFAULTS.items():
-        if axis in op.axis_names and axis not in axes and axis not in spec.overrides:
+        if axis in op.axis_names and axis not in axes and axis not in sets:
             axes[axis] = [value]
 
 
 def _routing(op, src, spec, axes, typed_overrides) -> None:
-    values = list(spec.overrides.get("routing", [])) or (["file"] if src.routing else [])
+    sets = op_overrides(spec.overrides, op.name)
+    values = list(sets.get("routing", [])) or (["file"] if src.routing else [])
     if "file" in values and src.routing is None:
         raise WeightError("routing=file needs --routing FILE (the expert ids to replay)")
     if "model" in values and (not src.has_layer or src.moe is None):
         raise WeightError("routing=model needs --weights PATH with an MoE layer (its router)")
-    if src.routing is not None and "routing" not in spec.overrides:
+    if src.routing is not None and "routing" not in sets:
         axes["routing"] = ["file"]
     if "file" not in values:
         return
@@ -108,7 +111,7 @@ def _routing(op, src, spec, axes, typed_overrides) -> None:
     if "topk" in axes and axes["topk"] != [trace.topk]:
         raise WeightError(f"routing file {trace.path}: {trace.topk} experts per token, but the model's top-k is "
                           f"{axes['topk'][0]}")
-    if "topk" in spec.overrides and "topk" not in axes:
+    if "topk" in sets and "topk" not in axes:
         raise WeightError(f"--set topk: the routing file fixes topk to {trace.topk} ({trace.path}); drop --set topk")
     axes["topk"] = [trace.topk]
     if "experts" in axes:
