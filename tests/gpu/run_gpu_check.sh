@@ -6,8 +6,11 @@
 #      each kernel's registers and spills as the driver reports them beside the offline figures,
 #   2. our CUDA timers against triton.testing.do_bench,
 #   3. the measured roofline (spark-bench calibrate),
-#   4. the GPU sweep (every op, every available backend, fla/vLLM as peers where installed) and its HTML report.
-# Writes at most 8 files under $OUT (the device tool returns no more). Run from the repo root:
+#   4. the issues' targets (tests/gpu/targets.py: the points issues 12 and 13 name, ours against fla / vLLM / torch
+#      and the measured roofline) and their verdicts,
+#   5. the GPU sweep (every op, every available backend, fla/vLLM as peers where installed), budgeted and resumable,
+#      and its HTML report.
+# Writes 8 files under $OUT (the device tool returns no more; the runs travel as runs.tar.gz). Run from the repo root:
 #   run(command="bash tests/gpu/run_gpu_check.sh", carry=[".whl", ".triton-cache.tar.xz"], timeout_s=540)
 # Peer wheels (plotly, fla-core, gguf and what they need) travel in .whl/ (see docs/gpu.md).
 set -uo pipefail
@@ -16,7 +19,8 @@ mkdir -p "$OUT"
 LOG="$OUT/gpu_check.log"
 exec > >(tee -a "$LOG") 2>&1
 export PYTHONUNBUFFERED=1
-SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-150}  # the steps add up to <= 8 minutes with the installs
+TARGETS_BUDGET_S=${TARGETS_BUDGET_S:-120}  # the steps' limits add up to <= 8.5 minutes with the installs
+SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-60}
 # One Triton cache for every step: a precompiled one carried as .triton-cache.tar.xz (made with the device's Triton
 # version, see docs/kernels.md) is unpacked into it when present; the entries counted before and after each step
 # say whether the device's JIT found them (its cache keys include the Triton and ptxas versions).
@@ -55,12 +59,17 @@ timeout 45 python3 tests/gpu/xcheck_do_bench.py "$OUT/timer_xcheck.json"
 echo "== 3. calibrate"
 timeout 40 spark-bench calibrate --device cuda --json > "$OUT/calibrate.json"
 
-echo "== 4. GPU sweep (budget ${SWEEP_BUDGET_S}s; resumable)"
+echo "== 4. the issues' targets (budget ${TARGETS_BUDGET_S}s)"
+python3 tests/gpu/targets.py run /tmp/gpu-targets --budget "$TARGETS_BUDGET_S" -- --device cuda --max-time 0.3 --no-energy
+python3 tests/gpu/targets.py verdict /tmp/gpu-targets > "$OUT/targets.json"
+python3 -c "import json; [print(t['verdict'], '|', t['target']) for t in json.load(open('$OUT/targets.json'))]"
+
+echo "== 5. GPU sweep (budget ${SWEEP_BUDGET_S}s; resumable)"
 before=$(cache_entries)
 timeout "$SWEEP_BUDGET_S" spark-bench run --device cuda --max-time 0.3 --out /tmp/gpu-sweep --no-report
 echo "sweep exit code: $? (124 = budget reached; the journal keeps every finished case);" \
      "new JIT cache entries: $(( $(cache_entries) - before ))"
 spark-bench report /tmp/gpu-sweep -o "$OUT/report.html"
-cp /tmp/gpu-sweep/run.json "$OUT/run.json"
-cp /tmp/gpu-sweep/results.jsonl "$OUT/results.jsonl"
+# every run's spec and results (reports can be rebuilt from them here: spark-bench report DIR)
+tar -C /tmp -czf "$OUT/runs.tar.gz" --exclude=logs gpu-sweep gpu-targets gpu-correct 2>/dev/null
 ls -la "$OUT"

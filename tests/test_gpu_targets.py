@@ -1,0 +1,76 @@
+"""The GPU check's issue targets (tests/gpu/targets.py): their runs are valid sweeps, and verdicts follow the rows."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+import targets  # noqa: E402
+
+
+@pytest.mark.parametrize("group", list(targets.GROUPS))
+def test_each_group_is_a_valid_sweep_of_its_targets_points(group):
+    code, out, err = run_cli("run", "--device", "cpu", "--full", "--dry-run", *targets.group_args(group))
+    assert code == 0, err
+    listed = [line.split() for line in out.splitlines() if line.startswith("  ")]
+    for t in (t for t in targets.TARGETS if t.group == group):
+        for backend in ("triton", *t.peers):
+            cases = [c for c in listed if c[0] == t.op and c[1] == backend
+                     and all(any(f"{a}={v}" in c for v in vals) for a, vals in t.where.items())]
+            expected = 1
+            for vals in t.where.values():
+                expected *= len(vals)
+            assert len(cases) >= expected, (t.name, backend, len(cases), expected)
+
+
+def row(op, backend, status="ok", us=10.0, pct=None, **params):
+    return {"op": op, "backend": backend, "dtype": "bf16", "params": params, "status": status, "error": "boom",
+            "timing": {"median": us}, "roofline": {"pct_bw_measured": pct}}
+
+
+PREFILL = next(t for t in targets.TARGETS if t.op == "kda.chunk_prefill" and t.min_ratio)
+EXPERTS = next(t for t in targets.TARGETS if t.op == "moe.experts" and t.min_ratio and t.group == "moe-kimi")
+GATE = next(t for t in targets.TARGETS if t.op == "kda.gate")
+
+
+def prefill_rows(ours_us, fla_us):
+    base = {"batch": 1, "varlen": "fixed", "fused": True, "head_dim_k": 128, "head_dim_v": 128}
+    return [r for T in (4096, 16384, 65536) for H in (32, 4) for r in (
+        row("kda.chunk_prefill", "triton", us=ours_us, seq_len=T, heads=H, **base),
+        row("kda.chunk_prefill", "fla", us=fla_us, seq_len=T, heads=H, **base))]
+
+
+def test_a_ratio_target_is_met_only_when_every_point_passes():
+    v = targets.verdict(prefill_rows(10.0, 12.0), PREFILL)
+    assert v["verdict"] == "met" and len(v["points"]) == 6 and {p["ratio"] for p in v["points"]} == {1.2}
+    rows = prefill_rows(10.0, 12.0)
+    rows[-1]["timing"]["median"] = 9.0  # fla faster at one point
+    assert targets.verdict(rows, PREFILL)["verdict"] == "not met"
+
+
+def test_missing_points_are_partial_and_a_failed_check_is_failed():
+    rows = prefill_rows(10.0, 12.0)[:4]  # the budget ran out after two points
+    assert targets.verdict(rows, PREFILL)["verdict"] == "partial (2 of 6 points)"
+    rows[0]["status"] = "mismatch"
+    assert targets.verdict(rows, PREFILL)["verdict"].startswith("failed: mismatch at {")
+    assert targets.verdict([], PREFILL)["verdict"] == "not measured"
+    skipped = prefill_rows(10.0, 12.0)
+    for r in skipped:
+        r["status"] = "skipped"
+    assert targets.verdict(skipped, PREFILL)["verdict"] == "not measured"
+
+
+def test_the_peer_falls_back_to_torch_when_vllm_did_not_run_and_roofline_targets_read_pct():
+    p = {"hidden": 2304, "experts": 256, "topk": 8, "inter": 1024, "routing": "uniform"}
+    rows = [r for T in targets.MOE_T["tokens"] for r in (
+        row("moe.experts", "triton", us=5.0, tokens=T, **p),
+        row("moe.experts", "vllm", status="skipped", tokens=T, **p),
+        row("moe.experts", "torch", us=15.0, tokens=T, **p))]
+    v = targets.verdict(rows, EXPERTS)
+    assert v["verdict"] == "met" and {(q["peer"], q["ratio"]) for q in v["points"]} == {("torch", 3.0)}
+    gate = [row("kda.gate", "triton", pct=79.9, tokens=65536, heads=32, head_dim=128)]
+    assert targets.verdict(gate, GATE)["verdict"] == "not met"
+    gate[0]["roofline"]["pct_bw_measured"] = 80.0
+    assert targets.verdict(gate, GATE)["verdict"] == "met"
