@@ -88,8 +88,10 @@ def test_chunk_state_buckets():
     """16-bit inputs prefetch the next chunk's operands into registers; fp32 loads at use (the default)."""
     pick = chunk_state.CONFIGS.pick
     for dtype in ("torch.bfloat16", "torch.float16"):
-        assert pick(K=128, V=128, dtype=dtype)["PREFETCH"] == 1
-    assert pick(K=128, V=128, dtype="torch.float32") == chunk_state.CONFIGS.default
+        assert pick(K=128, V=128, dtype=dtype, NH=32)["PREFETCH"] == 1
+        # few sequences x heads: twice the serial chains (BV 16), NH x V / 16 <= 128 CTAs on an H200's 132 SMs
+        assert [pick(K=128, V=128, dtype=dtype, NH=nh)["BV"] for nh in (1, 4, 16, 17, 32, 128)] == [16] * 3 + [32] * 3
+    assert pick(K=128, V=128, dtype="torch.float32", NH=4) == chunk_state.CONFIGS.default
     assert chunk_state.CONFIGS.default["PREFETCH"] == 0
     assert chunk_state.CONFIGS.declared(target="sm_80", K=128, V=128, dtype="torch.bfloat16")["PREFETCH"] == 0  # spills
 

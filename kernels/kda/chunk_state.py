@@ -24,13 +24,18 @@ from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import dot_operand, to_output_dtype
 
 CONFIGS = declare(ConfigSpace(
-    "kda.chunk_state._chunk_state", key=("K", "V", "dtype"),
+    "kda.chunk_state._chunk_state", key=("K", "V", "dtype", "NH"),
     default={"BV": 32, "PREFETCH": 0, "num_warps": 4, "num_stages": 1},
     # 16-bit: each step loads the next chunk's W, Kd, U and decay into registers before its own dots, so the serial
     # chain does not wait a DRAM round trip per chunk (sm_90a: 120 -> 202 registers, 4 -> 2 CTAs/SM). Triton's own
     # pipelining needs 3 stages for that (2 issue the next loads after the dots: no overlap), 116 KB of shared
     # memory: 1 CTA/SM.
-    buckets=[({"dtype": "torch.bfloat16"}, {"BV": 32, "PREFETCH": 1, "num_warps": 4, "num_stages": 1}),
+    # NH = sequences x heads, the grid's rows: at NH <= 16 (one sequence at TP2 and beyond: 4-16 heads) BV 32 gives
+    # NH x V/32 <= 64 CTAs on 132 SMs, each a serial chain; BV 16 doubles them (<= 128: still one per SM) at no
+    # more L2 reads per step than BV 32 at NH = 32 (each CTA reads the chunk's whole W and Kd).
+    buckets=[({"dtype": "torch.bfloat16", "NH": 16}, {"BV": 16, "PREFETCH": 1, "num_warps": 4, "num_stages": 1}),
+             ({"dtype": "torch.float16", "NH": 16}, {"BV": 16, "PREFETCH": 1, "num_warps": 4, "num_stages": 1}),
+             ({"dtype": "torch.bfloat16"}, {"BV": 32, "PREFETCH": 1, "num_warps": 4, "num_stages": 1}),
              ({"dtype": "torch.float16"}, {"BV": 32, "PREFETCH": 1, "num_warps": 4, "num_stages": 1})],
     candidates=[{"BV": 16, "PREFETCH": 0, "num_warps": 4, "num_stages": 1},
                 {"BV": 64, "PREFETCH": 0, "num_warps": 8, "num_stages": 1},
@@ -170,7 +175,7 @@ def chunk_state(w, u, kd, glast, cu_seqlens, chunk_first, n_chunks, *, BT, initi
     N = cu_seqlens.numel() - 1
     h = torch.empty(n_chunks, H, K, V, dtype=h_dtype, device=w.device)
     ht = torch.empty(N, H, K, V, dtype=torch.float32, device=w.device) if output_final_state else None
-    meta, options = split(CONFIGS.pick(K=K, V=V, dtype=str(h_dtype)))
+    meta, options = split(CONFIGS.pick(K=K, V=V, dtype=str(h_dtype), NH=N * H))
     if widen():  # one program at a time in Python: the whole of V at once
         meta["BV"] = max(16, triton.next_power_of_2(V))
     meta["BV"] = min(meta["BV"], max(16, triton.next_power_of_2(V)))
