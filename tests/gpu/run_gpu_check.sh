@@ -19,8 +19,8 @@ mkdir -p "$OUT"
 LOG="$OUT/gpu_check.log"
 exec > >(tee -a "$LOG") 2>&1
 export PYTHONUNBUFFERED=1
-TARGETS_BUDGET_S=${TARGETS_BUDGET_S:-120}  # the steps' limits add up to <= 8.5 minutes with the installs
-SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-60}
+TARGETS_BUDGET_S=${TARGETS_BUDGET_S:-120}  # the steps' limits add up to ~520 s with the installs
+SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-45}
 # One Triton cache for every step: a precompiled one carried as .triton-cache.tar.xz (made with the device's Triton
 # version, see docs/kernels.md) is unpacked into it when present; the entries counted before and after each step
 # say whether the device's JIT found them (its cache keys include the Triton and ptxas versions).
@@ -41,10 +41,12 @@ echo "== 0. precompile (budget 80 s; carried cache entries: $(cache_entries))"
 timeout 80 spark-bench kernels --no-presets --select all --jobs 16 --triton-cache "$TRITON_CACHE_DIR" --json \
   > /tmp/precompile.json 2> /tmp/precompile.err
 echo "precompile exit code: $? ($(tail -n 1 /tmp/precompile.err)); cache entries now: $(cache_entries)"
+timeout 45 python3 tests/gpu/targets.py precompile -- --select all --jobs 16 --triton-cache "$TRITON_CACHE_DIR" --json
+echo "targets' precompile exit code: $?; cache entries now: $(cache_entries)"
 
 echo "== 1. Triton kernels, bf16, on the GPU"
 before=$(cache_entries)
-timeout 90 spark-bench run --device cuda --backend 'triton*' --dtype bf16 --quick --out /tmp/gpu-correct --no-report
+timeout 80 spark-bench run --device cuda --backend 'triton*' --dtype bf16 --quick --out /tmp/gpu-correct --no-report
 echo "correctness exit code: $?; new JIT cache entries (compiled by the JIT, not found): $(( $(cache_entries) - before ))"
 timeout 40 python3 tests/gpu/kernel_metadata.py "$OUT/kernel_metadata.json" results/kernels/offline-quick-sm_90a-triton-3.6.json
 python3 - <<'PY' > "$OUT/triton_bf16_correctness.json"
@@ -54,7 +56,7 @@ print(json.dumps([{k: r.get(k) for k in ("op", "params", "status", "error")} | {
 PY
 
 echo "== 2. timers vs triton.testing.do_bench"
-timeout 45 python3 tests/gpu/xcheck_do_bench.py "$OUT/timer_xcheck.json"
+timeout 40 python3 tests/gpu/xcheck_do_bench.py "$OUT/timer_xcheck.json"
 
 echo "== 3. calibrate"
 timeout 40 spark-bench calibrate --device cuda --json > "$OUT/calibrate.json"

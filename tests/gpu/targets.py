@@ -2,6 +2,7 @@
 the verdict read from the results. The prepared GPU check runs these points before the budgeted general sweep, so
 its one call answers the issues' questions first (tests/gpu/run_gpu_check.sh):
 
+    python3 tests/gpu/targets.py precompile -- [spark-bench kernels options]     # their Triton specialisations
     python3 tests/gpu/targets.py run DIR --budget S -- [spark-bench run options]   # one run directory per group
     python3 tests/gpu/targets.py verdict DIR > targets.json                         # per target: points, verdict
 
@@ -74,9 +75,12 @@ TARGETS = [
 ]
 
 
-def group_args(group: str) -> list[str]:
+SPARK_BENCH = [sys.executable, "-m", "spark_bench"]  # the spark-bench of the Python running this script
+
+
+def group_args(group: str, backends: bool = True) -> list[str]:
     """The `spark-bench run` options of one group: its preset, ops, per-op points and backends (bf16)."""
-    preset, backends = GROUPS[group]
+    preset, names = GROUPS[group]
     args = ["--preset", preset, "--dtype", "bf16"]
     ops: dict[str, dict] = {}
     for t in TARGETS:
@@ -87,7 +91,17 @@ def group_args(group: str) -> list[str]:
     for op, where in ops.items():
         args += ["--op", op] + [a for axis, values in where.items()
                                 for a in ("--set", f"{op}:{axis}={','.join(str(v) for v in values)}")]
-    return args + [a for b in backends for a in ("--backend", b)]
+    return args + [a for b in (names if backends else ()) for a in ("--backend", b)]
+
+
+def precompile(extra: list[str]) -> None:
+    """`spark-bench kernels` over each group's points (our Triton backends only): fills the Triton cache that
+    --triton-cache names, so the targets' runs do not compile on the clock (the general precompile covers the GPU
+    sweep without presets)."""
+    for group in GROUPS:
+        code = subprocess.run([*SPARK_BENCH, "kernels", *group_args(group, backends=False), *extra],
+                              stdout=subprocess.DEVNULL).returncode
+        print(f"targets: precompiled {group}: exit {code}", flush=True)
 
 
 def run(out: Path, budget_s: float, extra: list[str]) -> None:
@@ -100,7 +114,7 @@ def run(out: Path, budget_s: float, extra: list[str]) -> None:
         if left < 5:
             print(f"targets: no time left for {group}", flush=True)
             continue
-        cmd = ["spark-bench", "run", *group_args(group), *extra, "--out", str(out / group), "--no-report"]
+        cmd = [*SPARK_BENCH, "run", *group_args(group), *extra, "--out", str(out / group), "--no-report"]
         print(f"targets: {group} ({left:.0f} s left): {' '.join(cmd)}", flush=True)
         proc = subprocess.Popen(cmd)
         try:
@@ -178,6 +192,9 @@ def read_rows(out: Path) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "precompile":
+        precompile(argv[argv.index("--") + 1:] if "--" in argv else [])
+        return 0
     if len(argv) >= 2 and argv[0] == "run":
         budget = float(argv[argv.index("--budget") + 1]) if "--budget" in argv else 120.0
         extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -187,7 +204,8 @@ def main(argv: list[str]) -> int:
         rows = read_rows(Path(argv[1]))
         print(json.dumps([verdict(rows, t) for t in TARGETS], indent=1))
         return 0
-    print("usage: targets.py run DIR [--budget S] [-- RUN_OPTIONS] | targets.py verdict DIR", file=sys.stderr)
+    print("usage: targets.py precompile [-- KERNELS_OPTIONS] | run DIR [--budget S] [-- RUN_OPTIONS] | verdict DIR",
+          file=sys.stderr)
     return 2
 
 
