@@ -6,7 +6,7 @@ its one call answers the issues' questions first (tests/gpu/run_gpu_check.sh):
     python3 tests/gpu/targets.py run DIR --budget S -- [spark-bench run options]   # one run directory per group
     python3 tests/gpu/targets.py verdict DIR > targets.json                         # per target: points, verdict
 
-A group is the targets sharing a preset and backends (one `spark-bench run`, each op at its own points through
+A group is targets sharing a preset and backends (one `spark-bench run`, each op at its own points through
 `--set OP:AXIS=...`). Groups run in the order below, each within what is left of the budget; a group cut short keeps
 its finished cases (the journal), and its targets are then `partial` or `not measured`, never guessed.
 Ratios are the peer's median time over ours (above 1: ours is faster); roofline percentages are of the measured
@@ -39,25 +39,28 @@ class Target:
     min_pct_bw: float | None = None  # % of the measured memory bandwidth, at every point
 
 
-GROUPS = {"kda": ("kimi-linear", KDA), "moe-kimi": ("kimi-linear", MOE), "moe-dsv3": ("deepseek-v3", MOE)}
+# In run order: the cheap points first; the chunk prefill (its fp32 token-loop reference at 64k tokens takes
+# seconds) last, where it gets what the others left.
+GROUPS = {"kda-decode": ("kimi-linear", KDA), "moe-kimi": ("kimi-linear", MOE), "moe-dsv3": ("deepseek-v3", MOE),
+          "kda-prefill": ("kimi-linear", ("triton", "fla"))}
 PREFILL = {"batch": [1], "varlen": ["fixed"], "fused": [True], "seq_len": [4096, 16384, 65536], "heads": [32, 4]}
 MOE_T = {"tokens": [1, 8, 64, 512, 4096, 16384], "routing": ["uniform"]}
 DECODE_T = {"tokens": [1, 8, 64], "routing": ["uniform"]}
 TARGETS = [
     Target(12, "kda.chunk_prefill triton >= 1.0x fla chunk_kda, T = 4k-64k, TP1 and TP8", "kda.chunk_prefill",
-           PREFILL, "kda", peers=("fla",), min_ratio=1.0),
-    Target(12, "kda.chunk_prefill >= 40% of the memory roofline", "kda.chunk_prefill", PREFILL, "kda",
+           PREFILL, "kda-prefill", peers=("fla",), min_ratio=1.0),
+    Target(12, "kda.chunk_prefill >= 40% of the memory roofline", "kda.chunk_prefill", PREFILL, "kda-prefill",
            min_pct_bw=40),
     Target(12, "kda.recurrent_decode >= 80% of the memory roofline, largest decode point", "kda.recurrent_decode",
-           {"batch": [512], "seq_len": [1], "heads": [32], "fused": [True]}, "kda", min_pct_bw=80),
+           {"batch": [512], "seq_len": [1], "heads": [32], "fused": [True]}, "kda-decode", min_pct_bw=80),
     Target(12, "kda.short_conv_decode >= 80% of the memory roofline, largest decode point", "kda.short_conv_decode",
-           {"batch": [512], "heads": [32]}, "kda", min_pct_bw=80),
+           {"batch": [512], "heads": [32]}, "kda-decode", min_pct_bw=80),
     Target(12, "kda.gate >= 80% of the memory roofline, largest prefill point", "kda.gate",
-           {"tokens": [65536], "heads": [32]}, "kda", min_pct_bw=80),
+           {"tokens": [65536], "heads": [32]}, "kda-decode", min_pct_bw=80),
     Target(12, "kda.gated_rmsnorm >= 80% of the memory roofline, largest prefill point", "kda.gated_rmsnorm",
-           {"tokens": [65536], "heads": [32]}, "kda", min_pct_bw=80),
+           {"tokens": [65536], "heads": [32]}, "kda-decode", min_pct_bw=80),
     Target(12, "kda.block_decode >= 1.2x its unfused stages (triton_unfused)", "kda.block_decode",
-           {"batch": [1, 64, 512], "heads": [32]}, "kda", peers=("triton_unfused",), min_ratio=1.2),
+           {"batch": [1, 64, 512], "heads": [32]}, "kda-decode", peers=("triton_unfused",), min_ratio=1.2),
     Target(13, "moe.experts bf16 >= 80% of the memory roofline, T = 1-64, Kimi-Linear", "moe.experts",
            {**DECODE_T, "inter": [1024]}, "moe-kimi", min_pct_bw=80),
     Target(13, "moe.experts bf16 >= 1.0x vLLM fused_experts (torch grouped_mm without vLLM), Kimi-Linear",
