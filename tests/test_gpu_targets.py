@@ -74,3 +74,12 @@ def test_the_peer_falls_back_to_torch_when_vllm_did_not_run_and_roofline_targets
     assert targets.verdict(gate, GATE)["verdict"] == "not met"
     gate[0]["roofline"]["pct_bw_measured"] = 80.0
     assert targets.verdict(gate, GATE)["verdict"] == "met"
+
+
+def test_the_gpu_check_writes_at_most_8_files():
+    # The device tool returns at most 8 files from $OUT (the library's device README): every file the script names.
+    import re
+
+    script = (Path(__file__).parent / "gpu" / "run_gpu_check.sh").read_text()
+    files = set(re.findall(r"\$OUT/([A-Za-z0-9_.-]+)", script))
+    assert "targets.json" in files and "runs.tar.gz" in files and len(files) <= 8, sorted(files)
