@@ -48,6 +48,9 @@ def test_a_ratio_target_is_met_only_when_every_point_passes():
     rows = prefill_rows(10.0, 12.0)
     rows[-1]["timing"]["median"] = 9.0  # fla faster at one point
     assert targets.verdict(rows, PREFILL)["verdict"] == "not met"
+    rows = prefill_rows(10.0, 12.0)
+    rows[1]["status"] = "error"  # fla failed at one point: that point is not judged, never "not met"
+    assert targets.verdict(rows, PREFILL)["verdict"].startswith("partial (5 of 6 values measured")
 
 
 def test_missing_points_are_partial_and_a_failed_check_is_failed():

@@ -167,21 +167,23 @@ def verdict(rows: list[dict], t: Target) -> dict:
     for values in t.where.values():
         expected *= len(values)
     out = {"issue": t.issue, "target": t.name, "op": t.op, "group": t.group, "points": points}
-    checks = []
+    checks = []  # one per judged value: True, False, or None (not measured: no peer, no roofline)
     for p in points:
         if p["status"] != "ok":
             out["verdict"] = f"failed: {p['status']} at {p['params']}"
             return out
-        if t.min_ratio is not None:
-            checks.append(p.get("ratio") is not None and p["ratio"] >= t.min_ratio)
-        if t.min_pct_bw is not None:
-            checks.append(p.get("pct_bw") is not None and p["pct_bw"] >= t.min_pct_bw)
+        for value, bound in ((p.get("ratio"), t.min_ratio), (p.get("pct_bw"), t.min_pct_bw)):
+            if bound is not None:
+                checks.append(None if value is None else value >= bound)
+    judged = sum(c is not None for c in checks)
     if not points:
         out["verdict"] = "not measured"
     elif t.min_ratio is None and t.min_pct_bw is None:
         out["verdict"] = "measured"
-    elif not all(checks):
+    elif False in checks:
         out["verdict"] = "not met"
+    elif judged < len(checks):
+        out["verdict"] = f"partial ({judged} of {len(checks)} values measured: a peer or the roofline missing)"
     else:
         out["verdict"] = "met" if len(points) >= expected else f"partial ({len(points)} of {expected} points)"
     return out
