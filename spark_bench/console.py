@@ -94,18 +94,32 @@ def peak_mb(rec: dict[str, Any]) -> float | None:
 
 
 def failures_table(records: Sequence[dict[str, Any]]) -> Table | None:
-    failed = [r for r in records if r["status"] in FAILED or r["status"] == "skipped"]
-    if not failed:
+    """Every failed case on its own row; skipped cases folded into one row per (op, backend, dtype, reason), with how
+    many they are (a missing peer skips every point of its op: one line says so)."""
+    failed = [r for r in records if r["status"] in FAILED]
+    skipped: dict[tuple[str, str, str, str], int] = {}
+    for rec in records:
+        if rec["status"] == "skipped":
+            key = (rec["op"], rec["backend"], rec["dtype"], first_line(rec.get("error")))
+            skipped[key] = skipped.get(key, 0) + 1
+    if not failed and not skipped:
         return None
     table = Table(title="Not measured", header_style="bold")
     for col in ("status", "case", "reason"):
         table.add_column(col, overflow="fold")
     for rec in failed:
-        reason = (rec.get("error") or "").splitlines()[0][:300] if rec.get("error") else ""
         table.add_row(f"[{STATUS_STYLE.get(rec['status'], '')}]{rec['status']}[/]",
                       escape(f"{rec['op']} {rec['backend']} {fmt_params(rec['params'])} {rec['dtype']}"),
+                      escape(first_line(rec.get("error"))))
+    for (op, backend, dtype, reason), count in skipped.items():
+        cases = f"{count} cases" if count > 1 else "1 case"
+        table.add_row(f"[{STATUS_STYLE['skipped']}]skipped[/]", escape(f"{op} {backend} {dtype} ({cases})"),
                       escape(reason))
     return table
+
+
+def first_line(error: str | None) -> str:
+    return error.splitlines()[0][:300] if error else ""
 
 
 def summary_line(summary: dict[str, int]) -> str:

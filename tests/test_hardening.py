@@ -220,6 +220,30 @@ def test_log_mode_lines_do_not_wrap_and_skipped_cases_do_not_speed_up_the_eta():
     assert eta >= 19  # 10 s for the one measured case, two to go (not 10 / 2 * 2)
 
 
+def test_not_measured_table_lists_each_failure_and_folds_skipped_cases_by_reason():
+    import io
+
+    from rich.console import Console
+
+    from spark_bench.console import failures_table
+
+    def rec(backend, tokens, status, error):
+        return {"op": "x.op", "backend": backend, "params": {"tokens": tokens}, "dtype": "bf16", "status": status,
+                "error": error}
+
+    records = [rec("peer", t, "skipped", "peer not installed (pip install peer)") for t in (1, 8, 64)]
+    records += [rec("other", 1, "skipped", "needs CUDA"), rec("triton", 8, "mismatch", "err ratio 0.2\ntrace"),
+                rec("triton", 64, "error", "RuntimeError: boom"), rec("torch", 1, "ok", None)]
+    buf = io.StringIO()
+    Console(file=buf, width=200, force_terminal=False).print(failures_table(records))
+    rows = [line for line in buf.getvalue().splitlines() if "x.op" in line]
+    assert len(rows) == 4, rows  # two failures, each on its row; two skip reasons, one row each
+    assert any("x.op peer bf16 (3 cases)" in r and "peer not installed" in r for r in rows)
+    assert any("x.op other bf16 (1 case)" in r and "needs CUDA" in r for r in rows)
+    assert any("mismatch" in r and "tokens=8" in r and "err ratio 0.2" in r and "trace" not in r for r in rows)
+    assert failures_table([rec("torch", 1, "ok", None)]) is None
+
+
 def test_help_and_error_prefixes():
     code, out, _ = _cli("run", "--help")
     assert code == 0 and "95% CI" in out and "95%%" not in out
