@@ -122,12 +122,18 @@ class Session:
         check = preflight(spec.device) if spec.device.startswith("cuda") else None
         for warning in (check or {}).get("warnings", []):
             console(stderr=True).print(f"warning: {warning}", markup=False)
+        roofline = roofline_for(spec.device, measure=True)  # once per device fingerprint, cached
+        load = (roofline.get("measured") or {}).get("load") or {}
+        if (roofline.get("measured") or {}).get("busy"):
+            console(stderr=True).print(
+                f"warning: the roofline peaks were measured while the machine was busy (load average "
+                f"{load.get('loadavg_1min')} on {load.get('cpus')} CPUs): likely low, so % of roofline reads high; "
+                "not cached, the next run measures again", markup=False)
         store.create({
             "run_id": run_id, "created": results.now(), "finished": None,
             "fingerprint": fingerprint(spec.device, weights=spec.weights),  # with --weights: the file and layer hash
             "command": list(command), "spec": {**spec.to_dict(), "timing": cfg.to_dict(), "timeout_s": timeout_s},
-            # measured once per device fingerprint (cached; `spark-bench calibrate --force` re-measures)
-            "roofline": roofline_for(spec.device, measure=True), "preflight": check, "summary": None,
+            "roofline": roofline, "preflight": check, "summary": None,
         })
         return cls(store, spec, cfg, timeout_s, cases)
 

@@ -1,5 +1,7 @@
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -7,6 +9,24 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU-only CI: Triton kernels run interpreted
+# The tests' runs read and write their own roofline cache (this process and the `spark-bench` subprocesses it
+# starts), never the user's: peaks calibrated while the suite loads every core are low, and a shared cache would serve
+# them to the user's later runs.
+ROOFLINE_CACHE = Path(tempfile.mkdtemp(prefix="spark-bench-tests-")) / "roofline.json"
+os.environ["SPARK_BENCH_ROOFLINE_CACHE"] = str(ROOFLINE_CACHE)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _seeded_roofline_cache():
+    """This CPU's entry in the tests' cache, from a tiny calibration (not a peak): a run then never calibrates."""
+    from spark_bench.telemetry.calibrate import calibrate
+    from spark_bench.telemetry.roofline import store
+
+    tiny = {"copy_bytes": 4 * 2**20, "matmul_n": {"fp32": 96, "bf16": 64, "fp16": 64}, "budget_s": 0.02,
+            "warmup_s": 0.005}
+    store({**calibrate("cpu", sizes=tiny), "busy": False}, ROOFLINE_CACHE)
+    yield
+    shutil.rmtree(ROOFLINE_CACHE.parent, ignore_errors=True)
 
 
 @pytest.fixture

@@ -11,6 +11,8 @@ from spark_bench.telemetry.cli import calibrate as calibrate_cmd
 from spark_bench.telemetry.roofline import datasheet_for, datasheet_key, device_identity, load_cache, store
 
 TINY = {"copy_bytes": 4 * 2**20, "matmul_n": {"fp32": 96, "bf16": 64}, "budget_s": 0.03, "warmup_s": 0.005}
+IDLE = {"loadavg_1min": 0.1, "cpus": 2}
+BUSY = {"loadavg_1min": 2.6, "cpus": 2}
 
 
 @pytest.mark.parametrize("name,memory,key", [
@@ -65,6 +67,7 @@ def test_cpu_calibration_and_cache(tmp_path, monkeypatch):
     assert roofline_for("cpu", cache=cache) == {"measured": None, "datasheet": None}  # never measures unasked
     assert not cache.exists()
     monkeypatch.setattr(cal, "CPU", TINY)
+    monkeypatch.setattr(cal, "machine_load", lambda: IDLE)
     roof = roofline_for("cpu", measure=True, cache=cache)
     m = roof["measured"]
     assert roof["datasheet"] is None and m["device"]["type"] == "cpu"
@@ -95,6 +98,7 @@ def test_cache_survives_garbage_and_keeps_other_devices(tmp_path):
 
 def test_calibrate_cli(tmp_path, monkeypatch):
     monkeypatch.setattr(cal, "CPU", TINY)
+    monkeypatch.setattr(cal, "machine_load", lambda: IDLE)
     cache = tmp_path / "r.json"
     runner = CliRunner()
     first = runner.invoke(calibrate_cmd, ["--device", "cpu", "--json", "--cache", str(cache)])
@@ -112,6 +116,27 @@ def test_calibrate_cli(tmp_path, monkeypatch):
     assert bad.exit_code == 2 and "unknown device" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
+def test_a_cpu_calibrated_while_busy_is_labelled_and_not_cached_unless_forced(tmp_path, monkeypatch):
+    monkeypatch.setattr(cal, "CPU", TINY)
+    monkeypatch.setattr(cal, "machine_load", lambda: BUSY)
+    cache = tmp_path / "r.json"
+    first = roofline_for("cpu", measure=True, cache=cache)["measured"]
+    assert first["busy"] is True and first["load"] == BUSY and load_cache(cache) == {}  # this run uses it, labelled
+    second = roofline_for("cpu", measure=True, cache=cache)["measured"]
+    assert second["measured_at"] >= first["measured_at"] and load_cache(cache) == {}  # measured again, not served
+    assert not cal.was_busy(BUSY, "cuda") and not cal.was_busy(IDLE, "cpu")
+    assert not cal.was_busy({"loadavg_1min": None, "cpus": 2}, "cpu")
+    text = CliRunner().invoke(calibrate_cmd, ["--device", "cpu", "--cache", str(cache)])
+    assert text.exit_code == 0 and "busy (load average 2.6 on 2 CPUs)" in text.stderr and "not cached" in text.stderr
+    assert load_cache(cache) == {}
+    forced = CliRunner().invoke(calibrate_cmd, ["--device", "cpu", "--cache", str(cache), "--force"])
+    assert forced.exit_code == 0 and "cached (--force)" in forced.stderr
+    assert list(load_cache(cache).values())[0]["busy"] is True
+    monkeypatch.setattr(cal, "machine_load", lambda: IDLE)
+    idle = roofline_for("cpu", measure=True, cache=cache, force=True)["measured"]
+    assert idle["busy"] is False and list(load_cache(cache).values())[0]["busy"] is False
+
+
 def test_flops_peak_of_16_bit_dtypes_is_at_least_the_fp32_peak():
     from spark_bench.telemetry.roofline import flops_peak, percent_of_peak
 
@@ -121,3 +146,23 @@ def test_flops_peak_of_16_bit_dtypes_is_at_least_the_fp32_peak():
     assert flops_peak(gpu, "fp32") == 60.0 and flops_peak(gpu, "fp16") is None
     pct = percent_of_peak(None, 0.036, "bf16", {"measured": {"tflops": cpu}})
     assert pct["pct_flops_measured"] == 50.0
+
+
+def test_a_run_that_calibrates_a_busy_cpu_says_so_and_leaves_the_cache_empty(tmp_path, fault_env, monkeypatch):
+    import sys
+
+    from conftest import run_cli
+
+    for key in ("PYTHONPATH", "SPARK_BENCH_PLUGINS"):
+        monkeypatch.setenv(key, fault_env[key])
+    monkeypatch.setattr(sys.modules["spark_bench.registry"], "_REGISTRY", None)  # the fault plugin's registry
+    monkeypatch.syspath_prepend(fault_env["PYTHONPATH"].split(":")[0])
+    monkeypatch.setenv("SPARK_BENCH_ROOFLINE_CACHE", str(tmp_path / "cache.json"))
+    monkeypatch.setattr(cal, "CPU", TINY)
+    monkeypatch.setattr(cal, "machine_load", lambda: BUSY)
+    code, _, err = run_cli("run", "--op", "fault.scale", "--backend", "good", "--set", "rows=3", "--set", "cols=5",
+                           "--executor", "inprocess", "--no-report", "--out", tmp_path / "run")
+    assert code == 0, err
+    assert "measured while the machine was busy (load average 2.6 on 2 CPUs)" in err
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["roofline"]["measured"]["busy"] is True
+    assert load_cache(tmp_path / "cache.json") == {}

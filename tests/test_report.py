@@ -121,6 +121,20 @@ def test_roofline_percent_sources():
     assert roofline_pct(r, {"roofline": {"measured": None, "datasheet": None}}) is None
 
 
+def test_peaks_taken_while_busy_and_rates_above_the_peak_are_explained(tmp_path):
+    rng = np.random.default_rng(0)
+    results = [fx.case("kda.gate", b, {"tokens": t}, samples=fx.draw(rng, m * t), nbytes=4e6)
+               for t in (4, 40) for b, m in (("torch", 1.0), ("triton", 2.0))]
+    busy = {"measured": {"bandwidth_gbps": 1.0, "measured_at": "2026-11-30T10:00:00+00:00", "busy": True,
+                         "load": {"loadavg_1min": 3.9, "cpus": 2}}, "datasheet": None}
+    text = write_report([fx.write_run(tmp_path / "b", results, roofline=busy)], tmp_path / "b.html").read_text()
+    assert "busy (load average 3.9 on 2 CPUs)" in text and "Above 100%" in text and "% of BW measured †" in text
+    idle = {"measured": {"bandwidth_gbps": 1e6, "measured_at": "2026-11-30T10:00:00+00:00", "busy": False,
+                         "load": {"loadavg_1min": 0.1, "cpus": 2}}, "datasheet": None}
+    text = write_report([fx.write_run(tmp_path / "i", results, roofline=idle)], tmp_path / "i.html").read_text()
+    assert "load average" not in text and "Above 100%" not in text and "†" not in text
+
+
 def test_swept_axis_and_palette():
     rs = [{"params": {"tokens": t, "heads": h}} for t in (1, 7, 300) for h in (2, 4)]
     assert swept_axis(rs) == "tokens"

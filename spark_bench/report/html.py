@@ -144,6 +144,10 @@ def calibration(run: RunData) -> str:
         parts.append(f"measured {when or 'at an unknown time'}" + (f", {age} before this run" if age else "")
                      + " (cached per device fingerprint, shared by later runs; `spark-bench calibrate --force` "
                        "re-measures)")
+        load = measured.get("load") or {}
+        if measured.get("busy"):
+            parts.append(f"taken while the machine was busy (load average {load.get('loadavg_1min')} on "
+                         f"{load.get('cpus')} CPUs): the peaks are likely low, so % of roofline reads high; not cached")
     else:
         parts.append("not measured")
     if sheet:
@@ -170,6 +174,9 @@ def interpreted_backends(run: RunData) -> str:
     return ", ".join(sorted({r["backend"] for r in run.results if "interpreted" in (r.get("labels") or [])}))
 
 
+OVER_PEAK_MARK = " †"  # a best % of roofline above 100: explained under the summary
+
+
 def summary(runs: Sequence[RunData], baseline: str, colours: dict[str, str]) -> str:
     multi = len(runs) > 1
     per_op = sorted((op, ri, results) for ri, run in enumerate(runs) for op, results in by_op(run.results).items())
@@ -180,10 +187,13 @@ def summary(runs: Sequence[RunData], baseline: str, colours: dict[str, str]) -> 
     interp = sorted({b for r in runs for b in interpreted_backends(r).split(", ") if b})
     note = (f'<p class="sb-interpreted"><b>Interpreted:</b> {esc(", ".join(interp))} ran in the Triton interpreter '
             "(CPU, TRITON_INTERPRET=1): their times measure the interpreter, not a GPU kernel.</p>") if interp else ""
+    over = any(isinstance(cell, str) and cell.endswith(OVER_PEAK_MARK) for row in rows for cell in row)
     return (f'<section id="summary"><h2>Summary</h2>{note}{_table(headers, rows)}'
             f'<p class="muted">Fastest = highest geometric-mean speedup over <b>{esc(baseline)}</b> across the shapes '
             "both ran correctly (the fp32 reference is not a contender). Roofline % uses the stored per-case values, "
-            "else GB/s and TFLOP/s against the run's measured (preferred) or datasheet peaks.</p></section>")
+            "else GB/s and TFLOP/s against the run's measured (preferred) or datasheet peaks."
+            + (f"{OVER_PEAK_MARK} Above 100%: the case's data fit in a cache (small shapes), an fp32 op ran on TF32, "
+               "or the peak was measured low (Environment, roofline peaks)." if over else "") + "</p></section>")
 
 
 def _summary_row(op: str, run: RunData, results: list, baseline: str, colours: dict[str, str],
@@ -208,6 +218,8 @@ def _summary_row(op: str, run: RunData, results: list, baseline: str, colours: d
     else:
         speed = Markup("<span class='muted'>n/a</span>")
     roof = f"{fmt_pct(s['roofline'][0])} of {s['roofline'][1]}" if s.get("roofline") else "n/a"
+    if s.get("roofline") and s["roofline"][0] > 100:
+        roof += OVER_PEAK_MARK
     failed = sum(n for k, n in c.items() if k not in ("ok", "mismatch", "skipped"))
     link = Markup(f'<a href="#op-{_op_anchor(op)}">{esc(op)}</a>')
     return [link] + ([run.label] if multi else []) + [fastest, speed, roof, s["cases"], c.get("ok", 0),

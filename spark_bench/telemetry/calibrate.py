@@ -6,10 +6,15 @@ runs faster on zeros), 2 n^3 FLOPs each, for bf16, fp16, tf32 (fp32 inputs, TF32
 Each rate is the best batch of back-to-back calls (CUDA events on GPU, perf_counter on CPU) after a warm-up: a peak
 is what the device can reach, and other load on the machine only ever slows a batch down.
 The CPU sizes are moderate so `spark-bench calibrate --device cpu` finishes in seconds.
+
+On a CPU, other work on the machine lowers every batch alike (a test suite on all cores gave peaks 10x low, which
+the cache then served to every later run). So the entry records the load average before measuring (`load`), and a
+CPU measured while busy (`busy`: load average >= BUSY_LOAD per CPU) is not cached by a run's implicit calibration.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +24,22 @@ GPU = {"copy_bytes": 2 * 2**30, "matmul_n": {"bf16": 8192, "fp16": 8192, "tf32":
 CPU = {"copy_bytes": 64 * 2**20, "matmul_n": {"fp32": 1024, "bf16": 256, "fp16": 256},
        "budget_s": 0.4, "warmup_s": 0.1}
 BATCH_S = 0.02  # one timed sample: back-to-back calls for about this long
+BUSY_LOAD = 0.5  # 1-minute load average per CPU at or above which a CPU calibration counts as taken while busy
+
+
+def machine_load() -> dict[str, Any]:
+    """The host's 1-minute load average and CPU count (load average None where the OS has none)."""
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        load = None
+    return {"loadavg_1min": load, "cpus": os.cpu_count()}
+
+
+def was_busy(load: dict[str, Any], device: str) -> bool:
+    """A CPU calibration with other work running: its peaks are low. (GPU peaks do not depend on the host's load.)"""
+    avg, cpus = load.get("loadavg_1min"), load.get("cpus")
+    return not device.startswith("cuda") and avg is not None and bool(cpus) and avg / cpus >= BUSY_LOAD
 
 
 def per_call_seconds(fn: Callable[[], Any], device: str, budget_s: float, warmup_s: float) -> tuple[float, int]:
@@ -98,6 +119,7 @@ def calibrate(device: str = "cuda", *, identity: dict[str, Any] | None = None,
         total = torch.cuda.get_device_properties(torch.device(device).index or 0).total_memory
         cfg["copy_bytes"] = min(cfg["copy_bytes"], total // 8)
     say = progress or (lambda _msg: None)
+    load = machine_load()
     say(f"bandwidth: copying {cfg['copy_bytes'] / 2**20:.0f} MiB")
     copy = measure_bandwidth(device, cfg["copy_bytes"], cfg["budget_s"], cfg["warmup_s"])
     matmul = {}
@@ -116,4 +138,5 @@ def calibrate(device: str = "cuda", *, identity: dict[str, Any] | None = None,
         "bandwidth_gbps": copy["gbps"], "tflops": {d: m["tflops"] for d, m in matmul.items()},
         "details": {"copy": copy, "matmul": matmul},
         "versions": {"torch": torch.__version__, "spark_bench": spark_bench.__version__},
+        "load": load, "busy": was_busy(load, device),
     }

@@ -70,6 +70,11 @@ def calibrate(device: str | None, as_json: bool, cache: Path | None, force: bool
         peak = (sheet.get("tflops") or {}).get(dtype)
         click.echo(f"{'matmul ' + dtype:<16} {_num(rate, 'TFLOP/s'):>16} {_num(peak, 'TFLOP/s'):>16} "
                    f"{_num(pct, '%'):>15}")
+    if measured.get("busy"):
+        load = measured.get("load") or {}
+        click.echo(f"warning: the machine was busy (load average {load.get('loadavg_1min')} on {load.get('cpus')} "
+                   f"CPUs): these peaks are likely low and were {'cached (--force)' if force else 'not cached'}; "
+                   "measure again when it is idle", err=True)
 
 
 @click.command()

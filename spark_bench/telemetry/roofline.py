@@ -202,7 +202,8 @@ def store(entry: dict[str, Any], path: str | Path | None = None) -> Path:
 def roofline_for(device: str = "cuda", *, measure: bool = False, force: bool = False,
                  cache: str | Path | None = None) -> dict[str, Any]:
     """{"measured": cached (or, with measure=True, freshly measured) peaks of this device or None,
-    "datasheet": its datasheet row or None} — the run.json `roofline` field. Never raises."""
+    "datasheet": its datasheet row or None} — the run.json `roofline` field. Never raises. A CPU measured while busy
+    (calibrate.was_busy) is returned but not cached, unless force (`spark-bench calibrate --force` asks for it)."""
     try:
         ident = device_identity(device)
     except Exception:
@@ -214,7 +215,8 @@ def roofline_for(device: str = "cuda", *, measure: bool = False, force: bool = F
         from spark_bench.telemetry.calibrate import calibrate
 
         measured = calibrate(device, identity=ident)
-        store(measured, cache)
+        if force or not measured.get("busy"):  # busy: this run uses the low peaks (labelled); the next re-measures
+            store(measured, cache)
     return {"measured": measured, "datasheet": datasheet}
 
 
