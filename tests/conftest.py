@@ -1,7 +1,5 @@
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,24 +7,29 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU-only CI: Triton kernels run interpreted
-# The tests' runs read and write their own roofline cache (this process and the `spark-bench` subprocesses it
-# starts), never the user's: peaks calibrated while the suite loads every core are low, and a shared cache would serve
-# them to the user's later runs.
-ROOFLINE_CACHE = Path(tempfile.mkdtemp(prefix="spark-bench-tests-")) / "roofline.json"
-os.environ["SPARK_BENCH_ROOFLINE_CACHE"] = str(ROOFLINE_CACHE)
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _seeded_roofline_cache():
-    """This CPU's entry in the tests' cache, from a tiny calibration (not a peak): a run then never calibrates."""
+def _own_roofline_cache(tmp_path_factory):
+    """The tests' runs read and write a roofline cache of their own (this process and the `spark-bench` subprocesses
+    it starts), never the user's: peaks calibrated while the suite loads every core are low, and a shared cache
+    would serve them to the user's later runs. Seeded with this CPU's entry from a tiny calibration (not a peak), so
+    a run never calibrates. Only for the tests of this directory: `pytest --spark-op ...` alone (the regression
+    gate, docs/ci.md) does not use this fixture and keeps the user's cache."""
     from spark_bench.telemetry.calibrate import calibrate
-    from spark_bench.telemetry.roofline import store
+    from spark_bench.telemetry.roofline import CACHE_ENV, store
 
+    cache = tmp_path_factory.mktemp("roofline") / "roofline.json"
     tiny = {"copy_bytes": 4 * 2**20, "matmul_n": {"fp32": 96, "bf16": 64, "fp16": 64}, "budget_s": 0.02,
             "warmup_s": 0.005}
-    store({**calibrate("cpu", sizes=tiny), "busy": False}, ROOFLINE_CACHE)
-    yield
-    shutil.rmtree(ROOFLINE_CACHE.parent, ignore_errors=True)
+    store({**calibrate("cpu", sizes=tiny), "busy": False}, cache)
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(cache)
+    yield cache
+    if before is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = before
 
 
 @pytest.fixture
