@@ -114,6 +114,7 @@ class Session:
         cases = cls._cases(spec)
         from spark_bench.fingerprint import fingerprint
         from spark_bench.telemetry import preflight, roofline_for
+        from spark_bench.telemetry.calibrate import busy_text
 
         run_id = results.new_run_id(spec.device) if out is None else Path(out).name
         store = results.RunStore(out if out is not None else results_root / run_id)
@@ -123,12 +124,10 @@ class Session:
         for warning in (check or {}).get("warnings", []):
             console(stderr=True).print(f"warning: {warning}", markup=False)
         roofline = roofline_for(spec.device, measure=True)  # once per device fingerprint, cached
-        load = (roofline.get("measured") or {}).get("load") or {}
-        if (roofline.get("measured") or {}).get("busy"):
-            console(stderr=True).print(
-                f"warning: the roofline peaks were measured while the machine was busy (load average "
-                f"{load.get('loadavg_1min')} on {load.get('cpus')} CPUs): likely low, so % of roofline reads high; "
-                "not cached, the next run measures again", markup=False)
+        busy = busy_text(roofline.get("measured") or {})
+        if busy:
+            console(stderr=True).print(f"warning: the roofline peaks were measured while the machine was {busy}: "
+                                       "likely low, so % of roofline reads high", markup=False)
         store.create({
             "run_id": run_id, "created": results.now(), "finished": None,
             "fingerprint": fingerprint(spec.device, weights=spec.weights),  # with --weights: the file and layer hash

@@ -19,6 +19,7 @@ from spark_bench.report.charts import OpCharts, palette, ptext
 from spark_bench.report.compare import CaseDiff, compare_runs, tally
 from spark_bench.report.model import RunData, by_op, failure_text, op_summary, params_text, problems, timing
 from spark_bench.report.tuned import tuned_section
+from spark_bench.telemetry.calibrate import busy_text
 
 COMPARE_THRESHOLD = 0.05
 
@@ -144,10 +145,9 @@ def calibration(run: RunData) -> str:
         parts.append(f"measured {when or 'at an unknown time'}" + (f", {age} before this run" if age else "")
                      + " (cached per device fingerprint, shared by later runs; `spark-bench calibrate --force` "
                        "re-measures)")
-        load = measured.get("load") or {}
         if measured.get("busy"):
-            parts.append(f"taken while the machine was busy (load average {load.get('loadavg_1min')} on "
-                         f"{load.get('cpus')} CPUs): the peaks are likely low, so % of roofline reads high; not cached")
+            parts.append(f"taken while the machine was {busy_text(measured)}: the peaks are likely low, so % of "
+                         "roofline reads high")
     else:
         parts.append("not measured")
     if sheet:

@@ -42,6 +42,12 @@ def was_busy(load: dict[str, Any], device: str) -> bool:
     return not device.startswith("cuda") and avg is not None and bool(cpus) and avg / cpus >= BUSY_LOAD
 
 
+def busy_text(entry: dict[str, Any]) -> str:
+    """'busy (load average 3.1 on 2 CPUs)' for an entry measured while busy, else ''."""
+    load = entry.get("load") or {}
+    return f"busy (load average {load.get('loadavg_1min')} on {load.get('cpus')} CPUs)" if entry.get("busy") else ""
+
+
 def per_call_seconds(fn: Callable[[], Any], device: str, budget_s: float, warmup_s: float) -> tuple[float, int]:
     """(best seconds per call over the timed batches, calls timed) of fn on device, after warmup_s of warm-up."""
     import torch

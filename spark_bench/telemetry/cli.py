@@ -71,10 +71,13 @@ def calibrate(device: str | None, as_json: bool, cache: Path | None, force: bool
         click.echo(f"{'matmul ' + dtype:<16} {_num(rate, 'TFLOP/s'):>16} {_num(peak, 'TFLOP/s'):>16} "
                    f"{_num(pct, '%'):>15}")
     if measured.get("busy"):
-        load = measured.get("load") or {}
-        click.echo(f"warning: the machine was busy (load average {load.get('loadavg_1min')} on {load.get('cpus')} "
-                   f"CPUs): these peaks are likely low and were {'cached (--force)' if force else 'not cached'}; "
-                   "measure again when it is idle", err=True)
+        from spark_bench.telemetry.calibrate import busy_text
+        from spark_bench.telemetry.roofline import load_cache
+
+        cached = load_cache(cache).get(measured.get("fingerprint_id")) == measured
+        click.echo(f"warning: the machine was {busy_text(measured)}: these peaks are likely low and "
+                   f"{'are cached' + (' (--force)' if force else '') if cached else 'were not cached'}; measure "
+                   "again when it is idle (`spark-bench calibrate --force`)", err=True)
 
 
 @click.command()
