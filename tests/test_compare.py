@@ -140,6 +140,12 @@ def test_injected_regression_exits_1_and_lists_it(tmp_path):
     assert all(" triton " in line for line in listed)
     # a threshold above the injected 20% lets it pass
     assert invoke(a, b, "--threshold", "25%").exit_code == 0
+    assert "timed on a CPU" not in res.output  # GPU runs: no drift note
+    for run in (a, b):  # the same runs, timed on a CPU: the regression stands, with the note on drift
+        meta = json.loads((run / "run.json").read_text())
+        (run / "run.json").write_text(json.dumps({**meta, "spec": {**meta["spec"], "device": "cpu"}}))
+    res = invoke(a, b, "--threshold", "5%")
+    assert res.exit_code == 1 and res.output.strip().splitlines()[-1].startswith("note: timed on a CPU")
 
 
 def test_new_correctness_failure_is_a_regression(tmp_path):

@@ -48,6 +48,13 @@ def report(run_dirs: tuple[Path, ...], output: Path, baseline: str) -> None:
     click.echo(str(path))
 
 
+# measured: two consecutive `spark-bench run --op kda.gate --op kda.gated_rmsnorm --backend torch --backend
+# torch_compile` on the 2-core CI-like VM, 2026-12-04: 16 cases, ratios 0.76-1.34, 6 'slower' and 3 'faster' at 5%
+CPU_DRIFT_NOTE = ("note: timed on a CPU, where consecutive runs of the same code drift more than the samples of one "
+                  "run show (two runs of one commit on a 2-core VM: 0.76-1.34x), so p-values read too confident; "
+                  "compare two runs of the base to see this machine's drift and set --threshold above it")
+
+
 @click.command()
 @click.argument("base_run", type=click.Path(path_type=Path))
 @click.argument("new_run", type=click.Path(path_type=Path))
@@ -94,4 +101,6 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
             v = d.verdict
             what = f"{v.ratio:.3f}x time (p={v.p_value:.1g})" if v.verdict == "slower" else v.note
             click.echo(f"  {d.op} {d.backend} {d.dtype} {params_text(d.params)}: {v.verdict}, {what}", err=True)
+        if any((r.run.get("spec") or {}).get("device") == "cpu" for r in (base, new)):
+            click.echo(CPU_DRIFT_NOTE, err=True)
         sys.exit(1)
