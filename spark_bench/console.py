@@ -94,14 +94,11 @@ def peak_mb(rec: dict[str, Any]) -> float | None:
 
 
 def failures_table(records: Sequence[dict[str, Any]]) -> Table | None:
-    """Every failed case on its own row; skipped cases folded into one row per (op, backend, dtype, reason), with how
-    many they are (a missing peer skips every point of its op: one line says so)."""
-    failed = [r for r in records if r["status"] in FAILED]
-    skipped: dict[tuple[str, str, str, str], int] = {}
-    for rec in records:
-        if rec["status"] == "skipped":
-            key = (rec["op"], rec["backend"], rec["dtype"], first_line(rec.get("error")))
-            skipped[key] = skipped.get(key, 0) + 1
+    """Every failed case on its own row; skipped cases one row per (op, backend, reason) with their count, as the
+    HTML report groups them (`report.model.problems`): a missing peer skips every point of its op."""
+    from spark_bench.report.model import problems
+
+    failed, skipped = problems(records)
     if not failed and not skipped:
         return None
     table = Table(title="Not measured", header_style="bold")
@@ -111,10 +108,10 @@ def failures_table(records: Sequence[dict[str, Any]]) -> Table | None:
         table.add_row(f"[{STATUS_STYLE.get(rec['status'], '')}]{rec['status']}[/]",
                       escape(f"{rec['op']} {rec['backend']} {fmt_params(rec['params'])} {rec['dtype']}"),
                       escape(first_line(rec.get("error"))))
-    for (op, backend, dtype, reason), count in skipped.items():
-        cases = f"{count} cases" if count > 1 else "1 case"
-        table.add_row(f"[{STATUS_STYLE['skipped']}]skipped[/]", escape(f"{op} {backend} {dtype} ({cases})"),
-                      escape(reason))
+    for group in skipped:
+        cases = f"{group['count']} cases" if group["count"] > 1 else "1 case"
+        table.add_row(f"[{STATUS_STYLE['skipped']}]skipped[/]", escape(f"{group['op']} {group['backend']} ({cases})"),
+                      escape(first_line(group["reason"])))
     return table
 
 

@@ -22,7 +22,7 @@ def _own_roofline_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("roofline") / "roofline.json"
     tiny = {"copy_bytes": 4 * 2**20, "matmul_n": {"fp32": 96, "bf16": 64, "fp16": 64}, "budget_s": 0.02,
             "warmup_s": 0.005}
-    store({**calibrate("cpu", sizes=tiny), "busy": False}, cache)
+    store({**calibrate("cpu", sizes=tiny), "busy": False}, cache)  # under -n 2 it reads busy: not the tests' topic
     before = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = str(cache)
     yield cache

@@ -119,11 +119,14 @@ def test_calibrate_cli(tmp_path, monkeypatch):
 def test_a_cpu_calibrated_while_busy_is_labelled_and_not_cached_unless_forced(tmp_path, monkeypatch):
     monkeypatch.setattr(cal, "CPU", TINY)
     monkeypatch.setattr(cal, "machine_load", lambda: BUSY)
+    calls = []
+    real = cal.calibrate
+    monkeypatch.setattr(cal, "calibrate", lambda *a, **k: calls.append(1) or real(*a, **k))
     cache = tmp_path / "r.json"
     first = roofline_for("cpu", measure=True, cache=cache)["measured"]
     assert first["busy"] is True and first["load"] == BUSY and load_cache(cache) == {}  # this run uses it, labelled
     second = roofline_for("cpu", measure=True, cache=cache)["measured"]
-    assert second["measured_at"] >= first["measured_at"] and load_cache(cache) == {}  # measured again, not served
+    assert second["busy"] is True and len(calls) == 2 and load_cache(cache) == {}  # measured again, not served
     assert not cal.was_busy(BUSY, "cuda") and not cal.was_busy(IDLE, "cpu")
     assert not cal.was_busy({"loadavg_1min": None, "cpus": 2}, "cpu")
     text = CliRunner().invoke(calibrate_cmd, ["--device", "cpu", "--cache", str(cache)])
