@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from spark_bench.results import FAILED
 
@@ -60,26 +62,67 @@ def latency_cell(rec: dict[str, Any]) -> str:
     return f"{fmt_num(t['median'], 4)}{spread}"
 
 
-def results_table(records: Sequence[dict[str, Any]], title: str = "", limit: int = 400) -> Table:
-    table = Table(title=title or None, show_lines=False, header_style="bold")
-    for col, justify in [("op", "left"), ("backend", "left"), ("params", "left"), ("dtype", "left"),
-                         ("status", "left"), ("median µs", "right"), ("GB/s", "right"), ("TFLOP/s", "right"),
-                         ("err ratio", "right"), ("peak MB", "right"), ("timer / labels", "left")]:
-        table.add_column(col, justify=justify, overflow="fold")
-    shown = sorted((r for r in records if r["status"] != "skipped"),  # skipped ones are listed under "Not measured"
+COLUMNS = [("backend", "left"), ("params", "left"), ("dtype", "left"), ("status", "left"), ("median µs", "right"),
+           ("× fastest", "right"), ("GB/s", "right"), ("TFLOP/s", "right"), ("err ratio", "right"),
+           ("peak MB", "right"), ("timer / labels", "left")]
+
+
+def results_table(records: Sequence[dict[str, Any]], title: str = "", limit: int = 400) -> Group:
+    """One table per op (skipped cases are listed under "Not measured"). An op's title names the axes whose value is
+    the same in all its rows; its params column shows the rest. `× fastest`: the case's median over the fastest
+    correct backend's at the same point and dtype (1 for that one; '-' when not timed)."""
+    shown = sorted((r for r in records if r["status"] != "skipped"),
                    key=lambda r: (r["op"], r["dtype"], [str(v).zfill(12) for v in r["params"].values()], r["backend"]))
-    for rec in shown[:limit]:
+    parts: list[Any] = [Text(title, style="bold")] if title else []
+    for op, rows in itertools.groupby(shown[:limit], key=lambda r: r["op"]):
+        parts.append(_op_table(op, list(rows)))
+    if len(shown) > limit:
+        parts.append(Text(f"{len(shown) - limit} more cases not shown (see the HTML report)", style="dim"))
+    return Group(*parts)
+
+
+def _op_table(op: str, rows: list[dict[str, Any]]) -> Table:
+    fixed = {k: v for k, v in rows[0]["params"].items() if all(r["params"].get(k, object()) == v for r in rows)}
+    fastest = fastest_medians(rows)
+    title = f"[bold]{escape(op)}[/]" + (f" [dim]{escape(fmt_params(fixed))}[/]" if fixed else "")
+    table = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
+    for col, justify in COLUMNS:
+        table.add_column(col, justify=justify, overflow="fold")
+    for rec in rows:
         status = rec["status"]
         check = rec.get("check") or {}
         timer = (rec.get("timing") or {}).get("timer", "")
         labels = ", ".join([timer, *rec.get("labels", [])]).strip(", ")
-        table.add_row(escape(rec["op"]), escape(rec["backend"]), escape(fmt_params(rec["params"])), rec["dtype"],
-                      f"[{STATUS_STYLE.get(status, '')}]{status}[/]", latency_cell(rec), fmt_num(rec.get("gbps")),
-                      fmt_num(rec.get("tflops")), fmt_num(check.get("err_ratio"), 2), fmt_num(peak_mb(rec)),
-                      escape(labels))
-    if len(shown) > limit:
-        table.caption = f"{len(shown) - limit} more cases not shown (see the HTML report)"
+        varying = {k: v for k, v in rec["params"].items() if k not in fixed}
+        median, best = _median(rec), fastest.get(_point(rec))
+        ratio = fmt_num(median / best, 3) if median is not None and best else "-"
+        if median is not None and median == best:
+            ratio = f"[bold green]{ratio}[/]"
+        table.add_row(escape(rec["backend"]), escape(fmt_params(varying)) or "-", rec["dtype"],
+                      f"[{STATUS_STYLE.get(status, '')}]{status}[/]", latency_cell(rec), ratio,
+                      fmt_num(rec.get("gbps")), fmt_num(rec.get("tflops")), fmt_num(check.get("err_ratio"), 2),
+                      fmt_num(peak_mb(rec)), escape(labels))
     return table
+
+
+def _point(rec: dict[str, Any]) -> tuple:
+    return rec["op"], rec["dtype"], tuple(sorted((k, str(v)) for k, v in rec["params"].items()))
+
+
+def _median(rec: dict[str, Any]) -> float | None:
+    median = (rec.get("timing") or {}).get("median")
+    return median if isinstance(median, (int, float)) and median > 0 else None
+
+
+def fastest_medians(records: Sequence[dict[str, Any]]) -> dict[tuple, float]:
+    """The fastest `ok` (checked, then timed) median per (op, dtype, point)."""
+    best: dict[tuple, float] = {}
+    for rec in records:
+        median = _median(rec)
+        if rec["status"] == "ok" and median is not None:
+            key = _point(rec)
+            best[key] = min(best.get(key, median), median)
+    return best
 
 
 def peak_mb(rec: dict[str, Any]) -> float | None:

@@ -1,0 +1,59 @@
+"""The run's and `show`'s console tables (spark_bench/console.py)."""
+
+import io
+
+from rich.console import Console
+
+from spark_bench.console import results_table
+
+
+def _rec(op, backend, params, median, status="ok"):
+    timing = {"median": median, "rel_ci": 0.01, "timer": "cuda-event"} if median is not None else None
+    return {"op": op, "backend": backend, "params": params, "dtype": "bf16", "status": status, "timing": timing,
+            "labels": [], "check": {"err_ratio": 1e-3}}
+
+
+def _render(records, limit=400):
+    buf = io.StringIO()
+    Console(file=buf, width=220, force_terminal=False).print(results_table(records, title="run x", limit=limit))
+    return buf.getvalue()
+
+
+def _row(text, *needles):
+    rows = [line for line in text.splitlines() if all(n in line for n in needles)]
+    assert len(rows) == 1, (needles, rows)
+    return [cell.strip() for cell in rows[0].strip("│ ").split("│")]
+
+
+def test_one_table_per_op_with_its_fixed_axes_in_the_title_and_the_ratio_to_the_fastest():
+    records = []
+    for tokens, (t_triton, t_torch) in {1: (10.0, 25.0), 64: (40.0, 20.0)}.items():
+        params = {"tokens": tokens, "hidden": 2304, "experts": 256}
+        records += [_rec("moe.experts", "triton", params, t_triton), _rec("moe.experts", "torch", params, t_torch)]
+    records += [_rec("moe.experts", "peer", {"tokens": 64, "hidden": 2304, "experts": 256}, 5.0, "mismatch"),
+                _rec("moe.experts", "vllm", {"tokens": 1, "hidden": 2304, "experts": 256}, None, "skipped"),
+                _rec("kda.gate", "torch", {"tokens": 7, "heads": 4}, 3.0),
+                _rec("kda.gate", "torch", {"tokens": 9, "heads": 4}, 6.0)]
+    text = _render(records)
+    lines = text.splitlines()
+    assert lines[0].strip() == "run x"
+    assert any(line.split() == ["moe.experts", "hidden=2304", "experts=256"] for line in lines)  # constant axes
+    assert any(line.split() == ["kda.gate", "heads=4"] for line in lines)
+    assert text.index("kda.gate heads=4") < text.index("moe.experts hidden")  # ops in order, one table each
+    # params shows only what varies; x fastest compares the correct backends of one point
+    assert _row(text, "triton", "tokens=1")[:6] == ["triton", "tokens=1", "bf16", "ok", "10 ±1%", "1"]
+    assert _row(text, "torch", "tokens=1")[5] == "2.5"
+    assert _row(text, "triton", "tokens=64")[5] == "2"
+    assert _row(text, "torch", "tokens=64")[5] == "1"  # the faster 'peer' failed its check: it does not count
+    assert _row(text, "peer", "tokens=64")[5] == "0.25"
+    assert "vllm" not in text  # skipped cases belong to the "Not measured" table
+    assert _row(text, "torch", "tokens=9")[5] == "1"  # points are compared with themselves, not with each other
+
+
+def test_an_op_with_one_point_shows_no_params_and_the_limit_is_said():
+    records = [_rec("x.op", b, {"tokens": 4}, m) for b, m in (("a", 2.0), ("b", None))]
+    records[1]["status"] = "error"
+    text = _render(records)
+    assert _row(text, "│ a ")[1:2] == ["-"] and _row(text, "│ b ")[5] == "-"
+    many = [_rec("x.op", "a", {"tokens": t}, 1.0) for t in range(5)]
+    assert "2 more cases not shown (see the HTML report)" in _render(many, limit=3)
