@@ -74,7 +74,6 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
             allow_different_weights: bool, html_out: Path | None, show_all: bool, allow_missing: bool) -> None:
     """Compare NEW_RUN against BASE_RUN case by case. Exit 0: nothing regressed; 1: something got slower beyond the
     threshold or stopped passing its check (listed); 2: usage error."""
-    from rich.console import Console
 
     try:
         thr = parse_threshold(threshold)
@@ -86,8 +85,9 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
         diffs = compare_runs(base, new, thr, metric)
     except (ResultsError, CompareError, OSError) as exc:
         _fail("compare", str(exc))
-    console = Console(highlight=False)
-    print_table(console, diffs, metric, thr, base.label, new.label, show_all=show_all)
+    from spark_bench.console import console as terminal  # one width for every command's tables
+
+    print_table(terminal(), diffs, metric, thr, base.label, new.label, show_all=show_all)
     if html_out is not None:
         try:
             click.echo(f"report: {write_report([base_run, new_run], html_out)}")

@@ -236,7 +236,7 @@ def print_table(console: Any, diffs: Sequence[CaseDiff], metric: str, threshold:
     unit = next((t.get("unit", "us") for d in diffs for t in [timing(d.base) if d.base else None] if t), "us")
     title = f"{new_label} vs {base_label}: {metric} ({unit}), threshold ±{threshold:.0%}, p < {ALPHA}"
     table = Table(title=Text(title))
-    table.add_column("case (op backend dtype params)", overflow="fold", ratio=1)
+    table.add_column("case (op backend dtype params)", overflow="fold")
     for col in ("base", "new", "ratio", "p"):
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("verdict", no_wrap=True, min_width=7)
