@@ -57,3 +57,12 @@ def test_an_op_with_one_point_shows_no_params_and_the_limit_is_said():
     assert _row(text, "│ a ")[1:2] == ["-"] and _row(text, "│ b ")[5] == "-"
     many = [_rec("x.op", "a", {"tokens": t}, 1.0) for t in range(5)]
     assert "2 more cases not shown (see the HTML report)" in _render(many, limit=3)
+
+
+def test_logs_get_160_columns_unless_columns_says_otherwise(monkeypatch):
+    from spark_bench.console import console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert console().width == 160  # pytest's stdout is not a terminal
+    monkeypatch.setenv("COLUMNS", "100")
+    assert console().width == 100
