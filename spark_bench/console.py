@@ -118,11 +118,14 @@ def _median(rec: dict[str, Any]) -> float | None:
 
 
 def fastest_medians(records: Sequence[dict[str, Any]]) -> dict[tuple, float]:
-    """The fastest `ok` (checked, then timed) median per (op, dtype, point)."""
+    """The fastest `ok` (checked, then timed) median per (op, dtype, point); the fp32 reference, when timed, is
+    context, not a contender (as in the report)."""
+    from spark_bench.report.model import NOT_A_CONTENDER
+
     best: dict[tuple, float] = {}
     for rec in records:
         median = _median(rec)
-        if rec["status"] == "ok" and median is not None:
+        if rec["status"] == "ok" and median is not None and rec["backend"] not in NOT_A_CONTENDER:
             key = _point(rec)
             best[key] = min(best.get(key, median), median)
     return best

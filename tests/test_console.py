@@ -31,6 +31,7 @@ def test_one_table_per_op_with_its_fixed_axes_in_the_title_and_the_ratio_to_the_
         params = {"tokens": tokens, "hidden": 2304, "experts": 256}
         records += [_rec("moe.experts", "triton", params, t_triton), _rec("moe.experts", "torch", params, t_torch)]
     records += [_rec("moe.experts", "peer", {"tokens": 64, "hidden": 2304, "experts": 256}, 5.0, "mismatch"),
+                _rec("moe.experts", "reference", {"tokens": 64, "hidden": 2304, "experts": 256}, 4.0),
                 _rec("moe.experts", "vllm", {"tokens": 1, "hidden": 2304, "experts": 256}, None, "skipped"),
                 _rec("kda.gate", "torch", {"tokens": 7, "heads": 4}, 3.0),
                 _rec("kda.gate", "torch", {"tokens": 9, "heads": 4}, 6.0)]
@@ -44,7 +45,8 @@ def test_one_table_per_op_with_its_fixed_axes_in_the_title_and_the_ratio_to_the_
     assert _row(text, "triton", "tokens=1")[:6] == ["triton", "tokens=1", "bf16", "ok", "10 ±1%", "1"]
     assert _row(text, "torch", "tokens=1")[5] == "2.5"
     assert _row(text, "triton", "tokens=64")[5] == "2"
-    assert _row(text, "torch", "tokens=64")[5] == "1"  # the faster 'peer' failed its check: it does not count
+    assert _row(text, "torch", "tokens=64")[5] == "1"  # the faster 'peer' failed its check: it does not count,
+    assert _row(text, "reference", "tokens=64")[5] == "0.2"  # nor does the fp32 reference
     assert _row(text, "peer", "tokens=64")[5] == "0.25"
     assert "vllm" not in text  # skipped cases belong to the "Not measured" table
     assert _row(text, "torch", "tokens=9")[5] == "1"  # points are compared with themselves, not with each other
