@@ -348,3 +348,18 @@ def test_show_prune_and_selection_errors(tmp_path, small_history):
     assert [con.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("runs", "results", "cases",
                                                                            "fingerprints")] == [0, 0, 0, 0]
     con.close()
+
+
+def test_list_names_the_newest_commit_and_limit_keeps_the_newest_runs(tmp_path, small_history):
+    from spark_bench.history import query
+
+    db = tmp_path / "h.db"
+    add_runs(db, list(reversed(small_history)))  # ingest order must not matter
+    con = connect(db)
+    try:
+        assert query.fingerprints(con)[0]["latest_commit"] == f"{6:040x}"
+        assert [r["run_id"] for r in query.runs(con, limit=2)] == [p.name for p in small_history[:-3:-1]]
+    finally:
+        con.close()
+    code, out, _ = run_cli("history", "list", "--db", db, "--runs", "--limit", "1")
+    assert code == 0 and small_history[-1].name[:12] in out and small_history[0].name[:12] not in out

@@ -18,7 +18,8 @@ import numpy as np
 
 from spark_bench.history.store import HistoryError, case_key
 
-ORDER = "COALESCE(r.commit_time, r.created), r.created, r.run_id"
+ORDER = "COALESCE(r.commit_time, r.created), r.created, r.run_id"  # oldest first: commit order, then run time
+NEWEST_FIRST = "COALESCE(r.commit_time, r.created) DESC, r.created DESC, r.run_id DESC"  # (`ORDER DESC` is not this)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +52,7 @@ def fingerprints(con: sqlite3.Connection, branch: str | None = None) -> list[dic
     for fid, dtype, dname, br, n, first, last, no_commit in rows:
         latest = con.execute(
             f"""SELECT r.git_commit FROM runs r JOIN fingerprints f ON f.id = r.fingerprint
-                WHERE f.fingerprint_id = ? AND r.branch IS ? ORDER BY {ORDER} DESC LIMIT 1""", (fid, br)).fetchone()
+                WHERE f.fingerprint_id = ? AND r.branch IS ? ORDER BY {NEWEST_FIRST} LIMIT 1""", (fid, br)).fetchone()
         out.append({"fingerprint_id": fid, "device_type": dtype, "device": dname, "branch": br, "runs": n,
                     "first": first, "last": last, "without_commit": no_commit, "latest_commit": latest[0]})
     return out
@@ -63,7 +64,7 @@ def runs(con: sqlite3.Connection, fingerprint: str | None = None, branch: str | 
     rows = con.execute(
         f"""SELECT r.run_id, f.fingerprint_id, f.device_name, r.branch, r.git_commit, r.dirty, r.commit_time, r.created,
                    r.finished, r.summary, (SELECT COUNT(*) FROM results x WHERE x.run_ref = r.id)
-            FROM runs r JOIN fingerprints f ON f.id = r.fingerprint {where} ORDER BY {ORDER} DESC
+            FROM runs r JOIN fingerprints f ON f.id = r.fingerprint {where} ORDER BY {NEWEST_FIRST}
             {"LIMIT ?" if limit else ""}""", (*args, *((limit,) if limit else ()))).fetchall()
     keys = ("run_id", "fingerprint_id", "device", "branch", "commit", "dirty", "commit_time", "created", "finished",
             "summary", "cases")
