@@ -62,6 +62,16 @@ def test_trend_prints_the_series_and_its_step(hist):
     assert hist["shas"][29][:10] in out and hist["shas"][20][:10] not in out.split("step slower")[0]
 
 
+def test_trend_of_two_runs_says_it_cannot_tell_the_noise(tmp_path):
+    runs = synthetic.write_history(tmp_path / "runs", [f"{i:040x}" for i in range(1, 3)])
+    add_runs(tmp_path / "h.db", runs)
+    c = synthetic.cases()[0]
+    sets = [a for k, v in c.params.items() for a in ("--set", f"{k}={v}")]
+    code, out, err = run_cli("history", "trend", "--db", tmp_path / "h.db", "--op", c.op, "--backend", c.backend, *sets)
+    assert code == 0, err
+    assert "2 points" in out and "too few timed points" in out and "noise ±" not in out  # not "±0.00%"
+
+
 @pytest.mark.parametrize("since, code", [
     (0, 1), (STEP_AT - 1, 1),  # the last good commit: the step came after it
     (STEP_AT, 0), (29, 0),     # `--since COMMIT` is exclusive, like `git log COMMIT..`

@@ -218,7 +218,8 @@ def trend_cmd(ops, backends, sets, dtypes, db, fingerprint, branch, threshold, l
     for s in series:
         steps = {st.index: st for st in s.steps}
         table = Table(title=f"{escape(s.case.label)} on {escape(s.device)} ({s.fingerprint_id}): {len(s.points)} "
-                            f"points, noise ±{(s.sigma or 0) * 100:.2f}%")
+                            f"points, " + (f"noise ±{s.sigma * 100:.2f}%" if s.sigma is not None else
+                                           "too few timed points to estimate noise or find steps (3 needed)"))
         for col in ("#", "commit", "when", "runs", "status", f"median {s.unit}", "95% CI", "n", "step"):
             table.add_column(col, justify="right" if col in ("#", "n") or col.startswith("median") else "left")
         first = max(0, len(s.points) - last) if last else 0
