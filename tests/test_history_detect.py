@@ -70,6 +70,9 @@ def test_trend_of_two_runs_says_it_cannot_tell_the_noise(tmp_path):
     code, out, err = run_cli("history", "trend", "--db", tmp_path / "h.db", "--op", c.op, "--backend", c.backend, *sets)
     assert code == 0, err
     assert "2 points" in out and "too few timed points" in out and "noise ±" not in out  # not "±0.00%"
+    code, out, err = run_cli("history", "check", "--db", tmp_path / "h.db", "--since", "2026-01-01")
+    n = len(synthetic.cases())
+    assert code == 0 and f"({n} series; {n} of them with fewer than 3 timed points, which cannot show a step)" in out
 
 
 @pytest.mark.parametrize("since, code", [

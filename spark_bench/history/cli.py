@@ -289,8 +289,11 @@ def check_cmd(since, ops, backends, db, fingerprint, branch, threshold, repo, as
     else:
         out = console(stderr=bool(found))
         if not found:
+            short = sum(s.sigma is None for s in all_s)  # find_steps needs 3 timed points
+            unchecked = (f"; {short} of them with fewer than 3 timed points, which cannot show a step"
+                         if short else "")
             out.print(f"history check: no case stepped slower than {thr:.0%} since {escape(since)} "
-                      f"({len(all_s)} series)")
+                      f"({len(all_s)} series{unchecked})")
         else:
             out.print(f"[bold red]REGRESSED[/]: {len(found)} case(s) since {escape(since)}")
             for s, v, st in found:
