@@ -106,3 +106,22 @@ def test_hostile_names_run_no_script(browser, tmp_path):  # noqa: F811
     assert browser.problems() == [] and state["plots"] == state["expected"] == 1
     assert PAYLOAD in state["legends"]
     assert browser.eval("document.querySelectorAll('main img').length") == 0
+
+
+def _layouts(page: Path) -> list[dict]:
+    blob = page.read_text().split('id="sb-data">', 1)[1].split("</script>", 1)[0]
+    return [f["fig"]["layout"] for f in json.loads(blob)["figs"]]
+
+
+def test_time_axis_turns_logarithmic_when_a_chart_spans_20x_and_short_series_are_said(tmp_path, trends):
+    assert all(lay["yaxis"].get("rangemode") == "tozero" and "type" not in lay["yaxis"]
+               for lay in _layouts(trends["page"]))  # synthetic backends 1.5-3x apart: linear from zero
+    assert "fewer than 3 timed points" not in trends["page"].read_text()
+    wide = [synthetic.SynthCase("kda.gate", b, {"tokens": 16}, us) for b, us in (("torch", 10.0), ("triton", 2.5e4))]
+    runs = synthetic.write_history(tmp_path / "runs", [f"{i:040x}" for i in (1, 2)], case_list=wide)
+    add_runs(tmp_path / "h.db", runs)
+    code, _, err = run_cli("history", "report", "--db", tmp_path / "h.db", "-o", tmp_path / "t.html")
+    assert code == 0, err
+    (layout,) = _layouts(tmp_path / "t.html")
+    assert layout["yaxis"]["type"] == "log" and "rangemode" not in layout["yaxis"]
+    assert "2 of them have fewer than 3 timed points" in (tmp_path / "t.html").read_text()

@@ -24,6 +24,7 @@ from spark_bench.report.charts import AXIS, palette, ptext
 from spark_bench.report.html import esc, script_json
 
 STEP_COLOURS = {"slower": "#cf222e", "faster": "#1a7f37"}
+LOG_SPAN = 20.0  # a chart whose medians span more than this ratio gets a logarithmic time axis
 
 
 def _x(time: str | None) -> str | None:
@@ -138,16 +139,30 @@ class TrendFigure:
                            "hovertemplate": "%{hovertext}<extra></extra>", "visible": visible})
         return traces
 
-    def figure(self) -> dict[str, Any]:
+    def yaxis(self) -> dict[str, Any]:
+        """Linear from zero (a step reads as its share of the time), but logarithmic when the medians the chart holds
+        span more than LOG_SPAN (an interpreted or a slow backend would flatten every other line at zero)."""
         unit = "µs" if self.unit == "us" else self.unit
+        medians = [p.median for ss in self.by_combo.values() for s in ss for p in s.points if p.median]
+        title = {"title": {"text": f"time per call ({ptext(unit)})"}}
+        if medians and max(medians) > LOG_SPAN * min(medians):
+            return {**AXIS, **title, "type": "log"}
+        return {**AXIS, **title, "rangemode": "tozero"}
+
+    def figure(self) -> dict[str, Any]:
         return {"data": self.traces(), "layout": {
             "title": {"text": f"<b>{ptext(self.op)}</b> on {ptext(self.device)}: median per commit",
                       "x": 0.01, "xanchor": "left", "font": {"size": 14}},
             "xaxis": {**AXIS, "title": {"text": "commit time (run time without a commit)"}, "type": "date"},
-            "yaxis": {**AXIS, "title": {"text": f"time per call ({ptext(unit)})"}, "rangemode": "tozero"},
+            "yaxis": self.yaxis(),
             "margin": {"l": 60, "r": 10, "t": 36, "b": 44}, "height": 380, "hovermode": "closest",
             "plot_bgcolor": "white", "paper_bgcolor": "white", "legend": {"font": {"size": 11}},
             "font": {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12}}}
+
+
+def _too_short(series: Sequence[Series]) -> str:
+    short = sum(s.sigma is None for s in series)
+    return (f" <b>{short} of them have fewer than 3 timed points</b>: too short to show a step yet." if short else "")
 
 
 def render(series: Sequence[Series], db: str = "", threshold: float = 0.05, last: int | None = None) -> str:
@@ -172,7 +187,7 @@ def render(series: Sequence[Series], db: str = "", threshold: float = 0.05, last
         f"{len(runs)} runs in <span class='code'>{esc(db)}</span>. Fingerprints: "
         + ", ".join(f"<b>{esc(d)}</b> <span class='code'>{esc(f)}</span>" for f, d in fps)
         + ". Runs of different fingerprints never share a series; a run without a git commit is a point of its own, "
-          "shown as <i>no commit</i>.</p></section>"]
+          "shown as <i>no commit</i>." + _too_short(series) + "</p></section>"]
     nav = []
     for gi, ((op, fid, device), ss) in enumerate(sorted(groups.items())):
         key = f"op{gi}"
