@@ -85,20 +85,20 @@ def _plan(candidates, cases=1):
     return {"items": items}
 
 
-def _record(case, status, median):
+def _record(case, status, median, rel_ci=None):
     return {"case_id": case.case_id, "status": status, "labels": [],
-            "timing": {"median": median} if status == "ok" else None}
+            "timing": {"median": median, "rel_ci": rel_ci} if status == "ok" else None}
 
 
-def _records(plan, times):
-    """times: per case, config id ('default' or a candidate's) -> (status, median)."""
+def _records(plan, times, rel_ci=None):
+    """times: per case, config id ('default' or a candidate's) -> (status, median); rel_ci: every timing's."""
     out = []
     for item, per_case in zip(plan["items"], times, strict=True):
         base = Case(**item["case"])
         for ident, (status, median) in per_case.items():
             cand = next((c for c in item["candidates"] if c["id"] == ident), None)
             case = base if cand is None else Case(**{**item["case"], "configs": {"test._k": cand["config"]}})
-            out.append(_record(case, status, median))
+            out.append(_record(case, status, median, rel_ci))
     return out
 
 
@@ -128,6 +128,24 @@ def test_the_default_stays_when_no_candidate_beats_it():
     [(_, entry)] = select(plan, _records(plan, [{"default": ("ok", 10.0), config_id(SLOW): ("ok", 12.0)}]))
     assert entry["config"] == {"B": 16, "num_warps": 4} and entry["speedup"] == 1.0
     assert entry["runner_up"]["config"] == SLOW
+
+
+@pytest.mark.parametrize("fast_us, rel_ci, chosen", [
+    (9.0, 0.01, True),     # 10% faster, CIs of 1% each: a real win
+    (9.7, 0.02, False),    # 3% faster, CIs of 2% each (4% together): noise, the default stays
+    (9.95, None, False),   # 0.5% faster with no CI recorded: under MIN_GAIN (1%)
+])
+def test_a_win_inside_the_noise_keeps_the_default(fast_us, rel_ci, chosen):
+    plan = _plan([FAST])
+    times = [{"default": ("ok", 10.0), config_id(FAST): ("ok", fast_us)}]
+    [(_, entry)] = select(plan, _records(plan, times, rel_ci))
+    if chosen:
+        assert entry["config"] == FAST and entry["within_noise"] is None and entry["speedup"] > 1.1
+    else:
+        assert entry["config"] == {"B": 16, "num_warps": 4} and entry["speedup"] == 1.0
+        assert entry["runner_up"]["config"] == FAST
+        assert entry["within_noise"] == {"id": config_id(FAST), "speedup": round(10.0 / fast_us, 4),
+                                         "noise": max(0.01, 2 * (rel_ci or 0.0))}
 
 
 def test_no_entry_without_a_passing_default():

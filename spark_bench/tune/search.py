@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import time
 from fnmatch import fnmatch
 from pathlib import Path
@@ -25,6 +26,9 @@ from spark_bench.tune import plan as planning
 from spark_bench.tune.space import config_id, key_id
 
 PRUNE_DEADLINE_S = 900.0  # offline compiles of a tune without --budget
+# A candidate replaces the declared default only when faster by more than MIN_GAIN and than the two timings' summed
+# relative 95% CIs (median over the key's cases): a win inside the noise would make the table churn from tune to tune.
+MIN_GAIN = 0.01
 
 
 @dataclasses.dataclass
@@ -212,22 +216,31 @@ def select(plan: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[st
 def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -> dict[str, Any] | None:
     times: dict[str, list[float]] = {}
     defaults: dict[str, list[float]] = {}
+    spreads: dict[str, list[float]] = {}  # per case: the candidate's and the default's relative 95% CI, summed
     configs: dict[str, Any] = {}
     labels: set[str] = set()
     for timed in bucket["cases"]:
-        default_us = timed["default"][1]["timing"]["median"]
+        default_timing = timed["default"][1]["timing"]
         for name, (config, rec) in timed.items():
             if (kernel, name) in rejected or (name != "default" and config == timed["default"][0]):
                 continue
             times.setdefault(name, []).append(rec["timing"]["median"])
-            defaults.setdefault(name, []).append(default_us)
+            defaults.setdefault(name, []).append(default_timing["median"])
+            spreads.setdefault(name, []).append((rec["timing"].get("rel_ci") or 0.0)
+                                                + (default_timing.get("rel_ci") or 0.0))
             configs[name] = config
             labels.update(rec.get("labels") or [])
     if "default" not in times:
         return None
-    ranked = sorted(times, key=lambda n: _geomean([t / d for t, d in zip(times[n], defaults[n], strict=True)]))
-    best = ranked[0]
-    runner = ranked[1] if len(ranked) > 1 else None
+    ratio = {n: _geomean([t / d for t, d in zip(times[n], defaults[n], strict=True)]) for n in times}
+    ranked = sorted(times, key=lambda n: ratio[n])
+    best, runner = ranked[0], ranked[1] if len(ranked) > 1 else None
+    noise = max(MIN_GAIN, statistics.median(spreads[best]))
+    within_noise = None
+    if best != "default" and 1.0 - ratio[best] <= noise:  # not faster beyond the noise: the default stays
+        within_noise = {"id": config_id(configs[best]), "speedup": round(1.0 / ratio[best], 4),
+                        "noise": round(noise, 4)}
+        best, runner = "default", best
 
     def timed_entry(name: str) -> dict[str, Any]:
         return {"config": configs[name], "time_us": round(_geomean(times[name]), 4)}
@@ -237,4 +250,5 @@ def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -
             "default": {"config": configs["default"], "time_us": round(default_us, 4)},
             "runner_up": timed_entry(runner) if runner else None,
             "speedup": round(default_us / _geomean(times[best]), 4), "cases": len(times[best]),
-            "candidates_timed": len(times), "labels": sorted(labels), "measured": results.now()}
+            "candidates_timed": len(times), "within_noise": within_noise, "labels": sorted(labels),
+            "measured": results.now()}
