@@ -67,3 +67,12 @@ def test_logs_get_160_columns_whatever_columns_says(monkeypatch):
 
     monkeypatch.setenv("COLUMNS", "80")  # as pytest-xdist exports to its workers
     assert console().width == 160  # pytest's stdout is not a terminal
+
+
+def test_a_tune_candidate_is_labelled_with_its_forced_config():
+    default = _rec("x.op", "triton", {"tokens": 4}, 2.0)
+    forced = {**_rec("x.op", "triton", {"tokens": 4}, 1.0), "config": {"x._k": {"BT": 32, "num_warps": 4}},
+              "config_source": {"x._k": "candidate"}}
+    default.update(config={"x._k": {"BT": 64, "num_warps": 4}}, config_source={"x._k": "default"})
+    text = _render([default, forced])
+    assert _row(text, "│ triton[BT=32,num_warps=4] ")[5] == "1" and _row(text, "│ triton ")[5] == "2"
