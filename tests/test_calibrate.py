@@ -110,8 +110,11 @@ def test_calibrate_cli(tmp_path, monkeypatch):
     monkeypatch.setattr(cal, "CPU", {**TINY, "matmul_n": {"fp32": 32}})
     forced = runner.invoke(calibrate_cmd, ["--device", "cpu", "--json", "--cache", str(cache), "--force"])
     assert set(json.loads(forced.stdout)["measured"]["tflops"]) == {"fp32"}
+    assert "measured now in" in runner.invoke(calibrate_cmd, ["--device", "cpu", "--cache", str(tmp_path / "new.json")]
+                                              ).stdout
     text = runner.invoke(calibrate_cmd, ["--device", "cpu", "--cache", str(cache)])
     assert text.exit_code == 0 and "bandwidth" in text.stdout and "matmul fp32" in text.stdout
+    assert "(cached, 0 min old; --force measures again)" in text.stdout  # read back, not measured
     bad = runner.invoke(calibrate_cmd, ["--device", "tpu"])
     assert bad.exit_code == 2 and "unknown device" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 

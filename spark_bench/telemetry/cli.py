@@ -9,6 +9,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -37,6 +38,20 @@ def _num(value: float | None, unit: str) -> str:
     return "-" if value is None else f"{value:,.1f} {unit}" if value >= 10 else f"{value:.3g} {unit}"
 
 
+def _provenance(measured: dict[str, Any], cached: bool, seconds: float) -> str:
+    """'measured now in 12.3 s', or 'cached, 5.0 h old; --force measures again'."""
+    if not cached:
+        return f"measured now in {seconds:.1f} s"
+    import datetime as dt
+
+    try:
+        age = time.time() - dt.datetime.strptime(str(measured.get("measured_at")), "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except ValueError:
+        return "cached; --force measures again"
+    old = f"{age / 3600:.1f} h" if age >= 3600 else f"{max(age, 0) / 60:.0f} min"
+    return f"cached, {old} old; --force measures again"
+
+
 @click.command()
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present, else cpu).")
 @click.option("--json", "as_json", is_flag=True, help="Print the roofline as JSON.")
@@ -46,20 +61,22 @@ def _num(value: float | None, unit: str) -> str:
 def calibrate(device: str | None, as_json: bool, cache: Path | None, force: bool) -> None:
     """Measure this device's memory bandwidth and matmul peaks (cached per device fingerprint), beside the
     datasheet."""
-    from spark_bench.telemetry.roofline import cache_path, percent_of_peak, roofline_for
+    from spark_bench.telemetry.roofline import cache_path, load_cache, percent_of_peak, roofline_for
 
     device = _device(device)
     start = time.perf_counter()
     if not as_json:
         click.echo(f"calibrating {device} (cache {cache_path(cache)})...", err=True)
+    before = {} if force else load_cache(cache)
     roof = roofline_for(device, measure=True, force=force, cache=cache)
     measured, sheet = roof["measured"] or {}, roof["datasheet"] or {}
+    cached = bool(measured) and before.get(measured.get("fingerprint_id")) == measured
     if as_json:
         click.echo(json.dumps(roof, indent=1))
         return
     name = (measured.get("device") or {}).get("name", device)
     click.echo(f"{name}  fingerprint {measured.get('fingerprint_id')}  measured {measured.get('measured_at')}"
-               f"  ({time.perf_counter() - start:.1f} s)")
+               f"  ({_provenance(measured, cached, time.perf_counter() - start)})")
     click.echo(f"datasheet: {sheet.get('name', 'unknown device (no datasheet row)')}")
     click.echo(f"{'peak':<16} {'measured':>16} {'datasheet':>16} {'% of datasheet':>15}")
     bw = percent_of_peak(measured.get("bandwidth_gbps"), None, None, {"datasheet": sheet})
@@ -72,7 +89,6 @@ def calibrate(device: str | None, as_json: bool, cache: Path | None, force: bool
                    f"{_num(pct, '%'):>15}")
     if measured.get("busy"):
         from spark_bench.telemetry.calibrate import busy_text
-        from spark_bench.telemetry.roofline import load_cache
 
         cached = load_cache(cache).get(measured.get("fingerprint_id")) == measured
         click.echo(f"warning: the machine was {busy_text(measured)}: these peaks are likely low and "
