@@ -84,6 +84,8 @@ def results_table(records: Sequence[dict[str, Any]], title: str = "", limit: int
 
 
 def _op_table(op: str, rows: list[dict[str, Any]]) -> Table:
+    from spark_bench.report.model import record_backend
+
     fixed = {k: v for k, v in rows[0]["params"].items() if all(r["params"].get(k, object()) == v for r in rows)}
     fastest = fastest_medians(rows)
     title = f"[bold]{escape(op)}[/]" + (f" [dim]{escape(fmt_params(fixed))}[/]" if fixed else "")
@@ -100,7 +102,7 @@ def _op_table(op: str, rows: list[dict[str, Any]]) -> Table:
         ratio = fmt_num(median / best, 3) if median is not None and best else "-"
         if median is not None and median == best:
             ratio = f"[bold green]{ratio}[/]"
-        table.add_row(escape(record_label(rec)), escape(fmt_params(varying)) or "-", rec["dtype"],
+        table.add_row(escape(record_backend(rec)), escape(fmt_params(varying)) or "-", rec["dtype"],
                       f"[{STATUS_STYLE.get(status, '')}]{status}[/]", latency_cell(rec), ratio,
                       fmt_num(rec.get("gbps")), fmt_num(rec.get("tflops")), fmt_num(check.get("err_ratio"), 2),
                       fmt_num(peak_mb(rec)), escape(labels))
@@ -170,17 +172,6 @@ def first_line(error: str | None) -> str:
 def summary_line(summary: dict[str, int]) -> str:
     parts = [f"{summary['cases']} cases"] + [f"{n} {s}" for s, n in summary.items() if s != "cases" and n]
     return ", ".join(parts)
-
-
-def record_label(rec: dict[str, Any]) -> str:
-    """The backend of a stored case, with the configs a `tune` forced on it: 'triton[BT=32,num_warps=4]'."""
-    sources = rec.get("config_source") if isinstance(rec.get("config_source"), dict) else {}
-    forced = [c for k, c in (rec.get("config") or {}).items() if sources.get(k) == "candidate"]
-    if not forced:
-        return rec["backend"]
-    from spark_bench.tune.space import config_id
-
-    return f"{rec['backend']}[{';'.join(config_id(c) for c in forced)}]"
 
 
 def backend_label(case) -> str:

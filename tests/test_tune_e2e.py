@@ -54,6 +54,12 @@ def test_tune_prunes_times_resumes_chooses_and_run_uses_the_table(tmp_path, faul
     assert by_config[config_id(tp.BASE)]["config_source"] == {"tunable._scale": "default"}
     assert by_config[config_id(tp.FAST)]["config_source"] == {"tunable._scale": "candidate"}
 
+    from spark_bench.report.model import load_runs  # the report and `show` tell the candidates apart
+
+    [tuned_run] = load_runs([run_dir])
+    assert sorted(r["backend"] for r in tuned_run.results) == sorted(
+        ["triton", *(f"triton[{config_id(c)}]" for c in (tp.FAST, tp.SLOW, tp.WRONG))])
+
     plan = json.loads((run_dir / "run.json").read_text())["tune"]["plan"]
     [rejected] = [c for c in plan["items"][0]["candidates"] if c["config"] == tp.REJECTED]
     assert rejected["status"] == "pruned" and "launch-resources" in rejected["reason"]

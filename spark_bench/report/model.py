@@ -44,9 +44,23 @@ def load_runs(run_dirs: Iterable[str | Path]) -> list[RunData]:
         path = Path(d)
         run, results = load_run(path)
         latest = {r.get("case_id"): r for r in results}  # a resumed case keeps its last record
+        for r in latest.values():  # a tune's candidates are backends of their own in every table and chart
+            r["backend"] = record_backend(r)
         runs.append(RunData(path, run, list(latest.values())))
     _label_runs(runs)
     return runs
+
+
+def record_backend(r: dict[str, Any]) -> str:
+    """The backend of a stored case, with the configs a `tune` forced on it: 'triton[BT=32,num_warps=4]'."""
+    sources = r.get("config_source") if isinstance(r.get("config_source"), dict) else {}
+    configs = r.get("config") if isinstance(r.get("config"), dict) else {}
+    forced = [c for k, c in configs.items() if sources.get(k) == "candidate" and isinstance(c, dict)]
+    if not forced:
+        return str(r.get("backend"))
+    from spark_bench.tune.space import config_id
+
+    return f"{r.get('backend')}[{';'.join(config_id(c) for c in forced)}]"
 
 
 def _label_runs(runs: Sequence[RunData]) -> None:
