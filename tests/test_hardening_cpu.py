@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from click.testing import CliRunner
@@ -37,8 +38,17 @@ def test_dry_run_scales_interpreted_cases_by_their_bytes(tmp_path):
     assert "kda.gate torch tokens=8192 heads=32 head_dim=128 bf16  ~1.00s (op+backend)" in text
     assert wall == 2.0 * ratio + 1.0
     assert "1 case(s) run in the Triton interpreter" in text
-    # no history at all: the interpreter's rate, never the 5 s default of a model-size point
-    assert estimate(big["triton"], {}, nbytes) == (nbytes / INTERPRETED_BYTES_PER_S, "interpreted: from its bytes")
+    # no history here: the reference machine's quick sweep, scaled by the bytes for an interpreted case
+    from spark_bench.executors.reference import CPU_QUICK
+
+    median, ref_bytes, ref_s = CPU_QUICK[("kda.gate", "triton")]
+    assert estimate(big["triton"], {}, nbytes) == (ref_s * nbytes / ref_bytes,
+                                                   f"interpreted: reference x{nbytes / ref_bytes:.3g} the bytes")
+    assert estimate(big["torch"], {}, None) == (CPU_QUICK[("kda.gate", "torch")][0], "reference")
+    assert estimate(dataclasses.replace(big["torch"], device="cuda"), {}, None) == (5.0, "default")  # CPU only
+    # an op the reference does not know: the interpreter's rate, never the 5 s default of a model-size point
+    unknown = dataclasses.replace(big["triton"], op="x.new_op")
+    assert estimate(unknown, {}, nbytes) == (nbytes / INTERPRETED_BYTES_PER_S, "interpreted: from its bytes")
 
 
 def test_profile_of_an_interpreted_call_says_so(tmp_path):

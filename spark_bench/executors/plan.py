@@ -1,7 +1,9 @@
 """`spark-bench run --dry-run`: the case list and an estimate of the sweep's duration from stored results.
 
 A case's estimate is the median duration_s of the same case (case_id) in results/*/results.jsonl; else the median of
-its op and backend on the same device type, then on any device; else DEFAULT_CASE_S. Skipped cases cost nothing.
+its op and backend on the same device type, then on any device; on a CPU, else a reference machine's quick sweep
+(executors/reference.py; for the default quick sweep it says 1 min 17 s of case time, where the flat default said 26
+min and the sweep took 1 min 31 s warm, 2026-12-04); else DEFAULT_CASE_S. Skipped cases cost nothing.
 
 Interpreted cases (Triton on a CPU, TRITON_INTERPRET=1) take time in proportion to the work: the interpreter runs each
 program instance in Python, and one call of a model-size point can take minutes. Their estimate without a stored twin
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from spark_bench.executors.reference import CPU_QUICK, SOURCE
 from spark_bench.sweep import Case
 
 DEFAULT_CASE_S = 5.0
@@ -61,17 +64,26 @@ def estimate(case: Case, stored: dict[Any, list[float]], interpreted_bytes: floa
     dev = case.device.partition(":")[0]
     for key in ((case.op, case.backend, dev), (case.op, case.backend)):
         if stored.get(key):
-            median = statistics.median(stored[key])
             sized = stored.get(("bytes", case.op, case.backend, dev))
-            if interpreted_bytes and sized:
-                ref_bytes, ref_s = max(sized)
-                if interpreted_bytes > ref_bytes:
-                    return max(median, ref_s * interpreted_bytes / ref_bytes), \
-                        f"interpreted: op+backend x{interpreted_bytes / ref_bytes:.3g} the bytes"
-            return median, "op+backend"
+            return _scaled(statistics.median(stored[key]), max(sized) if sized else None, interpreted_bytes,
+                           "op+backend")
+    known = CPU_QUICK.get((case.op, case.backend)) if dev == "cpu" else None
+    if known:  # another machine's quick CPU sweep: better than a flat default by an order of magnitude
+        return _scaled(known[0], known[1:], interpreted_bytes, "reference")
     if interpreted_bytes:
         return max(DEFAULT_CASE_S, interpreted_bytes / INTERPRETED_BYTES_PER_S), "interpreted: from its bytes"
     return DEFAULT_CASE_S, "default"
+
+
+def _scaled(median: float, largest: tuple[float, float] | None, interpreted_bytes: float | None,
+            source: str) -> tuple[float, str]:
+    """The median, or for an interpreted case of more bytes than the `largest` (bytes, seconds) seen, that case's time
+    scaled by the bytes (never below the median)."""
+    if interpreted_bytes and largest and 0 < largest[0] < interpreted_bytes:
+        ref_bytes, ref_s = largest
+        return max(median, ref_s * interpreted_bytes / ref_bytes), \
+            f"interpreted: {source} x{interpreted_bytes / ref_bytes:.3g} the bytes"
+    return median, source
 
 
 def interpreted_bytes(case: Case) -> float | None:
@@ -113,6 +125,8 @@ def print_plan(cases: Sequence[Case], todo: Sequence[Case], executor_text: str, 
         echo(f"  {case.op} {case.backend} {params} {case.dtype}  {note}")
     basis = ", ".join(f"{n} from {s}" for s, n in sources.items()) or "nothing to run"
     echo(f"estimate: {_duration(total)} of case time ({basis}; default {DEFAULT_CASE_S:g}s per case without history)")
+    if sources.get("reference"):
+        echo(f"reference: {SOURCE} (no results of this machine's own under {results_root} for those cases)")
     if interpreted:
         echo(f"{interpreted} case(s) run in the Triton interpreter (CPU, TRITON_INTERPRET=1): their time grows with "
              f"the work, so their estimates are scaled by the cost model's bytes ({INTERPRETED_BYTES_PER_S / 1e3:g} "
