@@ -6,7 +6,10 @@ list from them and runs only what the journal lacks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,50 @@ from spark_bench.runner import Runner, default_timeout
 from spark_bench.sweep import Case, SweepSpec, UsageError, build_cases
 from spark_bench.telemetry import RunTelemetry, percent_of_peak
 from spark_bench.timing import TimingConfig
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a sweep, raised as an interrupt so that the run stops as on Ctrl-C (workers retired, the
+    journal kept) and says so; exit code 143."""
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """SIGTERM raises Terminated while the block runs (main thread only: elsewhere signals cannot be handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def kept(store: results.RunStore) -> int | str:
+    try:
+        return len(store.read_results())
+    except results.ResultsError:
+        return "?"
+
+
+@contextlib.contextmanager
+def interrupt_says_what_is_kept(store: results.RunStore, total: int, resume: str):
+    """Ctrl-C or SIGTERM (a CI timeout, `kill`) during the block: the sweep stops (workers retired, the journal
+    kept), one line says what is kept and `{resume} DIR` to go on, and the process exits 130 / 143."""
+    try:
+        with terminate_as_interrupt():
+            yield
+    except KeyboardInterrupt as exc:
+        console(stderr=True).print(
+            f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'}: {kept(store)} of {total} cases are "
+            f"kept in {store.path} (each was written when it ended); go on with `{resume} {store.path}`",
+            markup=False, soft_wrap=True)
+        raise SystemExit(143 if isinstance(exc, Terminated) else 130) from None
 
 
 class PhaseTimeline:
@@ -154,15 +201,12 @@ class Session:
         Exit code: 0 all passed, 1 any case failed. A full disk raises DiskFullError (one line, exit 2) saying what
         is kept and how to resume."""
         try:
-            return self._execute(report, executor, confirm_crashes)
+            with interrupt_says_what_is_kept(self.store, len(self.cases), "spark-bench run --resume"):
+                return self._execute(report, executor, confirm_crashes)
         except results.DiskFullError as exc:
-            try:
-                kept = len(self.store.read_results())
-            except results.ResultsError:
-                kept = "?"
             raise results.DiskFullError(
-                f"{exc}: {kept} of {len(self.cases)} cases are kept in {self.store.path}; free some space, then run "
-                f"`spark-bench run --resume {self.store.path}`") from None
+                f"{exc}: {kept(self.store)} of {len(self.cases)} cases are kept in {self.store.path}; free some "
+                f"space, then run `spark-bench run --resume {self.store.path}`") from None
 
     def _execute(self, report: bool, executor: Any, confirm_crashes: bool) -> int:
         from spark_bench.console import SweepProgress

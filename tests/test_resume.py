@@ -58,3 +58,27 @@ def test_resume_repairs_a_torn_last_line(tmp_path, fault_env):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert len(_case_ids(journal)) == 2
+
+
+def test_sigterm_stops_the_sweep_says_what_is_kept_and_resume_finishes_it(tmp_path, fault_env):
+    out = tmp_path / "run"
+    env = {**fault_env, "FAULT_SLOW_S": "0.5"}
+    proc = subprocess.Popen(spark_bench_cmd("run", *SWEEP, "--out", out, "--no-report"), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    journal = out / "results.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (journal.exists() and len(_case_ids(journal)) >= 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # as `kill PID` or a CI job's timeout: the parent only
+    _, err = proc.communicate(timeout=300)
+    kept = _case_ids(journal)
+    assert proc.returncode == 143, err
+    assert f"terminated: {len(kept)} of 24 cases are kept in {out}" in err
+    assert f"go on with `spark-bench run --resume {out}`" in err
+    assert 2 <= len(kept) < 24 and all(json.loads(line)["status"] == "ok" for line in journal.read_text().splitlines())
+    # the case its worker was killed in is neither recorded as a crash nor re-run in a fresh worker to confirm one
+    assert len(list((out / "logs").glob("worker-*.log"))) == 1
+    done = subprocess.run(spark_bench_cmd("run", "--resume", out, "--no-report"), env={**env, "FAULT_SLOW_S": "0.01"},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(set(_case_ids(journal))) == 24 and _case_ids(journal)[: len(kept)] == kept

@@ -181,8 +181,11 @@ class WorkerSlot:
         self.early = early  # started by LocalExecutor.prestart, adopted as this slot's first worker
         self.started = 0.0
         self.last_case: str | None = None  # the case the current worker process ran last
+        self.stopping = False  # the sweep is ending (interrupted): no worker is started any more
 
     def _worker(self) -> Worker:
+        if self.stopping:  # e.g. the crash confirmation of the case whose worker the interrupt just killed
+            raise RuntimeError("the sweep is stopping")
         if self.worker is None or not self.worker.process.is_alive():
             self.log_dir.mkdir(parents=True, exist_ok=True)
             early, self.early = self.early, None
@@ -192,6 +195,11 @@ class WorkerSlot:
             if early is not None:
                 self.worker.move_log(self.log_dir)
         return self.worker
+
+    def shut(self) -> None:
+        """The end of the sweep: kill the workers and start none again."""
+        self.stopping = True
+        self.retire()
 
     def retire(self) -> None:
         for worker in (self.worker, self.early):
@@ -376,7 +384,7 @@ class LocalExecutor(Executor):
         finally:
             work.close()
             for r in runners:
-                r.retire()  # unblocks a thread waiting on its worker; no-op after a clean close
+                r.shut()  # unblocks a thread waiting on its worker; no-op after a clean close
             for t in threads:
                 t.join(timeout=30)
         if error is not None:
