@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -186,16 +186,30 @@ def backend_label(case) -> str:
 
 class SweepProgress:
     """A rich progress bar with the current case, its phase and an ETA on a terminal; one line per finished case
-    otherwise (CI logs)."""
+    otherwise (CI logs), the skipped cases (unavailable backends, recorded first) folded into one line.
 
-    def __init__(self, total: int, out: Console) -> None:
+    The ETA weighs the cases left by `expected` (case_id -> seconds, the estimates `run --dry-run` prints: a
+    torch case takes a fraction of a second, an interpreted Triton case seconds) and scales them by how this run
+    compares with the estimates so far: elapsed / expected-done, damped towards 1 by PRIOR_SHARE of the sweep's
+    estimate so one slow first case (torch.compile's first graph) cannot multiply the whole ETA. Without estimates
+    every case that runs weighs the same."""
+
+    PRIOR_SHARE, PRIOR_MAX_S = 0.1, 30.0
+
+    def __init__(self, total: int, out: Console, expected: dict[str, float] | None = None) -> None:
         self.out, self.total, self.done, self.skipped = out, total, 0, 0
+        self.expected = expected or {}
+        self.expected_left = sum(self.expected.values())
+        self.prior_s = min(self.PRIOR_MAX_S, self.PRIOR_SHARE * self.expected_left)
+        self.expected_done = 0.0
+        self.folded: list[tuple[Any, dict[str, Any]]] = []  # skipped cases not printed yet (log mode)
+        self.folded_at = 0
         self.live = out.is_terminal
         self.started = time.monotonic()
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=out,
+                                 TimeElapsedColumn(), TextColumn("eta {task.fields[eta]}"), console=out,
                                  transient=True) if self.live else None
-        self.task = self.progress.add_task("starting", total=total) if self.progress else None
+        self.task = self.progress.add_task("starting", total=total, eta="?") if self.progress else None
 
     def __enter__(self) -> SweepProgress:
         if self.progress:
@@ -203,6 +217,7 @@ class SweepProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._print_folded()
         if self.progress:
             self.progress.stop()
 
@@ -212,21 +227,49 @@ class SweepProgress:
             text = f"{escape(case.op)} [bold]{escape(backend_label(case))}[/] {params} {case.dtype}: {phase}"
             self.progress.update(self.task, description=text)
 
+    def eta(self, elapsed: float) -> float:
+        """Seconds left, from the estimates of the cases left (see the class), else from the mean case so far."""
+        if self.expected:
+            return self.expected_left * (elapsed + self.prior_s) / (self.expected_done + self.prior_s)
+        measured = self.done - self.skipped
+        return elapsed / measured * (self.total - self.done) if measured else 0.0
+
     def result(self, case, record: dict[str, Any]) -> None:
         self.done += 1
+        weight = self.expected.get(case.case_id, 0.0)
+        self.expected_left = max(0.0, self.expected_left - weight)
+        self.expected_done += weight
         if record["status"] == "skipped":  # costs nothing: it must not speed up the ETA of the cases that run
             self.skipped += 1
+        elapsed = time.monotonic() - self.started
         if self.progress:  # the bar counts the cases that run: skipped ones leave its total
-            self.progress.update(self.task, completed=self.done - self.skipped, total=self.total - self.skipped)
+            self.progress.update(self.task, completed=self.done - self.skipped, total=self.total - self.skipped,
+                                 eta=f"{self.eta(elapsed):.0f}s")
             if record["status"] in FAILED:
                 detail = (f"{case.op} {backend_label(case)} {fmt_params(case.params)} {case.dtype}: "
                           f"{record.get('error') or ''}")
                 self.out.print(f"[{STATUS_STYLE[record['status']]}]{record['status']}[/] {escape(detail[:200])}")
             return
-        elapsed = time.monotonic() - self.started
-        measured = self.done - self.skipped
-        eta = elapsed / measured * (self.total - self.done) if measured else 0.0
-        self.out.print(f"[{self.done}/{self.total} {elapsed:.0f}s eta {eta:.0f}s] {record['status']:8s} "
-                       f"{case.op} {backend_label(case)} {fmt_params(case.params)} {case.dtype} "
-                       f"{latency_cell(record)} us",
+        if record["status"] == "skipped":
+            self.folded.append((case, record))
+            self.folded_at = self.done
+            return
+        self._print_folded()
+        self.out.print(f"[{self.done}/{self.total} {elapsed:.0f}s eta {self.eta(elapsed):.0f}s] "
+                       f"{record['status']:8s} {case.op} {backend_label(case)} {fmt_params(case.params)} "
+                       f"{case.dtype} {latency_cell(record)} us",
                        markup=False, soft_wrap=True)  # one line per case in logs, however long
+
+    def _print_folded(self) -> None:
+        """The skipped cases so far as one line per reason: '[37/226] skipped 16 cases: fla (fla not installed)'."""
+        if not self.folded:
+            return
+        groups: dict[tuple[str, str], int] = {}
+        for case, record in self.folded:
+            key = (case.backend, first_line(record.get("error")) or "no reason given")
+            groups[key] = groups.get(key, 0) + 1
+        self.folded = []
+        for (backend, reason), count in groups.items():
+            cases = f"{count} cases" if count > 1 else "1 case"
+            self.out.print(f"[{self.folded_at}/{self.total}] skipped  {cases} of backend {backend}: {reason}",
+                           markup=False, soft_wrap=True)

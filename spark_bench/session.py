@@ -21,6 +21,18 @@ from spark_bench.telemetry import RunTelemetry, percent_of_peak
 from spark_bench.timing import TimingConfig
 
 
+def estimates(todo: list[Case]) -> dict[str, float]:
+    """Each case's estimated seconds for the progress's ETA (executors/plan.py, as `--dry-run`); {} on any error: an
+    ETA is never worth failing a sweep for."""
+    from spark_bench.executors.plan import case_estimates
+    from spark_bench.options import RESULTS_ROOT
+
+    try:
+        return case_estimates(todo, RESULTS_ROOT)
+    except Exception:  # noqa: BLE001 - a broken plugin cost model or an unreadable results tree
+        return {}
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM during a sweep, raised as an interrupt so that the run stops as on Ctrl-C (workers retired, the
     journal kept) and says so; exit code 143."""
@@ -219,7 +231,7 @@ class Session:
         tele, _ = RunTelemetry.start(self.store.path, self.spec.device) if self.spec.device.startswith("cuda") \
             else (None, "CPU device")
         timeline = PhaseTimeline(tele)
-        with SweepProgress(len(todo), out) as progress, timeline:
+        with SweepProgress(len(todo), out, expected=estimates(todo)) as progress, timeline:
             roofline = self.store.read_run().get("roofline")
             Runner(self.store, self.cfg, timeout_s=self.timeout_s, device=self.spec.device,
                    on_phase=timeline.wrap(progress.phase), on_result=progress.result, executor=executor,

@@ -76,3 +76,69 @@ def test_a_tune_candidate_is_labelled_with_its_forced_config():
     default.update(config={"x._k": {"BT": 64, "num_warps": 4}}, config_source={"x._k": "default"})
     text = _render([default, forced])
     assert _row(text, "│ triton[BT=32,num_warps=4] ")[5] == "1" and _row(text, "│ triton ")[5] == "2"
+
+
+def _progress(expected=None, total=4):
+    from spark_bench.console import SweepProgress
+
+    buf = io.StringIO()
+    return SweepProgress(total, Console(file=buf, width=160, force_terminal=False), expected=expected), buf
+
+
+def _case(backend, n):
+    from spark_bench.sweep import Case
+
+    return Case("x.op", backend, {"n": n}, "fp32", "cpu", 0)
+
+
+def _eta(line):
+    import re
+
+    return int(re.search(r"eta (\d+)s", line).group(1))
+
+
+def test_eta_weighs_the_cases_left_by_their_estimates():
+    cases = [_case("torch", 1), _case("torch", 2), _case("triton", 3)]
+    expected = {cases[0].case_id: 1.0, cases[1].case_id: 1.0, cases[2].case_id: 100.0}
+    progress, buf = _progress(expected, total=3)
+    progress.started -= 2.0  # the first 1-second case took 2 s
+    progress.result(cases[0], {"status": "ok", "timing": None})
+    # 101 s of estimates left, this run twice as slow as estimated (damped): far more than 'one case = 2 s' says
+    assert 101 < _eta(buf.getvalue()) < 202
+    unweighted, buf = _progress(None, total=3)
+    unweighted.started -= 2.0
+    unweighted.result(cases[0], {"status": "ok", "timing": None})
+    assert _eta(buf.getvalue()) == 4
+
+
+def test_one_slow_first_case_does_not_multiply_the_whole_eta():
+    cases = [_case("torch_compile", n) for n in range(100)]
+    progress, buf = _progress({c.case_id: 1.0 for c in cases}, total=100)
+    progress.started -= 30.0  # the first graph compiled: 30 s for a case estimated at 1 s
+    progress.result(cases[0], {"status": "ok", "timing": None})
+    eta = _eta(buf.getvalue())
+    assert 99 < eta < 99 * 30 / 4  # slower than estimated, but not 99 more compiles
+
+
+def test_skipped_cases_are_one_line_per_backend_and_reason_before_the_first_case_that_ran():
+    skipped = [_case("vllm", n) for n in range(3)] + [_case("fla", 9)]
+    ran = _case("torch", 1)
+    progress, buf = _progress(None, total=5)
+    with progress:
+        for case in skipped:
+            reason = "vllm not installed" if case.backend == "vllm" else "fla not installed"
+            progress.result(case, {"status": "skipped", "error": reason, "timing": None})
+        assert buf.getvalue() == ""
+        progress.result(ran, {"status": "ok", "timing": None})
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "[4/5] skipped  3 cases of backend vllm: vllm not installed"
+    assert lines[1] == "[4/5] skipped  1 case of backend fla: fla not installed"
+    assert lines[2].startswith("[5/5 ") and " ok " in lines[2] and len(lines) == 3
+
+
+def test_skipped_cases_at_the_end_are_printed_when_the_sweep_ends():
+    progress, buf = _progress(None, total=2)
+    with progress:
+        progress.result(_case("torch", 1), {"status": "ok", "timing": None})
+        progress.result(_case("vllm", 2), {"status": "skipped", "error": "vllm not installed", "timing": None})
+    assert buf.getvalue().splitlines()[-1] == "[2/2] skipped  1 case of backend vllm: vllm not installed"

@@ -99,6 +99,12 @@ def interpreted_bytes(case: Case) -> float | None:
         return None
 
 
+def case_estimates(cases: Sequence[Case], results_root: Path) -> dict[str, float]:
+    """Each case's estimated seconds (case_id -> s), as `--dry-run` prints them: the weights of a sweep's ETA."""
+    stored = stored_durations(results_root)
+    return {c.case_id: estimate(c, stored, None if c.skip else interpreted_bytes(c))[0] for c in cases}
+
+
 def _duration(seconds: float) -> str:
     minutes, s = divmod(round(seconds), 60)
     hours, m = divmod(minutes, 60)
