@@ -66,13 +66,16 @@ def latency_cell(rec: dict[str, Any]) -> str:
 
 COLUMNS = [("backend", "left"), ("params", "left"), ("dtype", "left"), ("status", "left"), ("median µs", "right"),
            ("× fastest", "right"), ("GB/s", "right"), ("TFLOP/s", "right"), ("err ratio", "right"),
-           ("peak MB", "right"), ("timer / labels", "left")]
+           ("peak MB", "right"), ("labels", "left")]
+OPTIONAL = {"params", "TFLOP/s", "peak MB", "labels"}  # left out of an op's table when no row has a value
+EMPTY = {"", "-", "0"}
 
 
 def results_table(records: Sequence[dict[str, Any]], title: str = "", limit: int = 400) -> Group:
     """One table per op (skipped cases are listed under "Not measured"). An op's title names the axes whose value is
-    the same in all its rows; its params column shows the rest. `× fastest`: the case's median over the fastest
-    correct backend's at the same point and dtype (1 for that one; '-' when not timed)."""
+    the same in all its rows, and the timer when all rows share it; its params column shows the rest. `× fastest`:
+    the case's median over the fastest correct backend's at the same point and dtype (1 for that one; '-' when not
+    timed). Columns without a value in any row (no varying axis, no FLOPs, no labels) are left out."""
     shown = sorted((r for r in records if r["status"] != "skipped"),
                    key=lambda r: (r["op"], r["dtype"], [str(v).zfill(12) for v in r["params"].values()], r["backend"]))
     parts: list[Any] = [Text(title, style="bold")] if title else []
@@ -83,30 +86,38 @@ def results_table(records: Sequence[dict[str, Any]], title: str = "", limit: int
     return Group(*parts)
 
 
-def _op_table(op: str, rows: list[dict[str, Any]]) -> Table:
+def _op_table(op: str, rows: list[dict[str, Any]]) -> Group:
     from spark_bench.report.model import record_backend
 
     fixed = {k: v for k, v in rows[0]["params"].items() if all(r["params"].get(k, object()) == v for r in rows)}
+    timers = {(r.get("timing") or {}).get("timer") for r in rows} - {None, ""}
+    shared_timer = timers.pop() if len(timers) == 1 else None  # an untimed row (a failure) has no timer
     fastest = fastest_medians(rows)
-    title = f"[bold]{escape(op)}[/]" + (f" [dim]{escape(fmt_params(fixed))}[/]" if fixed else "")
-    table = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
-    for col, justify in COLUMNS:
-        table.add_column(col, justify=justify, overflow="fold")
+    title = f"[bold]{escape(op)}[/]" + (f" [dim]{escape(fmt_params(fixed))}[/]" if fixed else "") \
+        + (f" [dim]· timer {escape(shared_timer)}[/]" if shared_timer else "")
+    cells = []
     for rec in rows:
         status = rec["status"]
         check = rec.get("check") or {}
-        timer = (rec.get("timing") or {}).get("timer", "")
+        timer = (rec.get("timing") or {}).get("timer", "") if shared_timer is None else ""
         labels = ", ".join([timer, *rec.get("labels", [])]).strip(", ")
         varying = {k: v for k, v in rec["params"].items() if k not in fixed}
         median, best = _median(rec), fastest.get(_point(rec))
         ratio = fmt_num(median / best, 3) if median is not None and best else "-"
         if median is not None and median == best:
             ratio = f"[bold green]{ratio}[/]"
-        table.add_row(escape(record_backend(rec)), escape(fmt_params(varying)) or "-", rec["dtype"],
+        cells.append([escape(record_backend(rec)), escape(fmt_params(varying)) or "-", rec["dtype"],
                       f"[{STATUS_STYLE.get(status, '')}]{status}[/]", latency_cell(rec), ratio,
                       fmt_num(rec.get("gbps")), fmt_num(rec.get("tflops")), fmt_num(check.get("err_ratio"), 2),
-                      fmt_num(peak_mb(rec)), escape(labels))
-    return table
+                      fmt_num(peak_mb(rec)), escape(labels)])
+    keep = [i for i, (col, _) in enumerate(COLUMNS)
+            if col not in OPTIONAL or any(row[i] not in EMPTY for row in cells)]
+    table = Table(show_lines=False, header_style="bold")
+    for i in keep:
+        table.add_column(COLUMNS[i][0], justify=COLUMNS[i][1], overflow="fold")
+    for row in cells:
+        table.add_row(*(row[i] for i in keep))
+    return Group(Text.from_markup(title), table)  # the title as wide as the console, not folded to the table's
 
 
 def _point(rec: dict[str, Any]) -> tuple:

@@ -38,8 +38,9 @@ def test_one_table_per_op_with_its_fixed_axes_in_the_title_and_the_ratio_to_the_
     text = _render(records)
     lines = text.splitlines()
     assert lines[0].strip() == "run x"
-    assert any(line.split() == ["moe.experts", "hidden=2304", "experts=256"] for line in lines)  # constant axes
-    assert any(line.split() == ["kda.gate", "heads=4"] for line in lines)
+    title = ["moe.experts", "hidden=2304", "experts=256", "·", "timer", "cuda-event"]
+    assert any(line.split() == title for line in lines)  # constant axes, and the timer every row shares
+    assert any(line.split() == ["kda.gate", "heads=4", "·", "timer", "cuda-event"] for line in lines)
     assert text.index("kda.gate heads=4") < text.index("moe.experts hidden")  # ops in order, one table each
     # params shows only what varies; x fastest compares the correct backends of one point
     assert _row(text, "triton", "tokens=1")[:6] == ["triton", "tokens=1", "bf16", "ok", "10 ±1%", "1"]
@@ -52,14 +53,27 @@ def test_one_table_per_op_with_its_fixed_axes_in_the_title_and_the_ratio_to_the_
     assert _row(text, "torch", "tokens=9")[5] == "1"  # points are compared with themselves, not with each other
 
 
-def test_an_op_with_one_point_shows_no_params_and_the_limit_is_said():
+def test_an_op_with_one_point_shows_no_params_column_and_the_limit_is_said():
     records = [_rec("x.op", b, {"tokens": 4}, m) for b, m in (("a", 2.0), ("b", None))]
     records[1]["status"] = "error"
     text = _render(records)
-    assert _row(text, "│ a ")[1:2] == ["-"] and _row(text, "│ b ")[5] == "-"
+    assert "params" not in text and "TFLOP/s" not in text and "labels" not in text  # no column without a value
+    assert _row(text, "│ a ")[:4] == ["a", "bf16", "ok", "2 ±1%"] and _row(text, "│ b ")[4] == "-"
     many = [_rec("x.op", "a", {"tokens": t}, 1.0) for t in range(5)]
     assert "2 more cases not shown (see the HTML report)" in _render(many, limit=3)
 
+
+def test_a_timer_every_row_shares_is_said_once_in_the_title_and_labels_stay_per_row():
+    records = [_rec("x.op", "torch", {"tokens": 4}, 2.0), _rec("x.op", "triton", {"tokens": 4}, 9.0)]
+    records[1]["labels"] = ["interpreted"]
+    records[0]["tflops"] = 0.5
+    text = _render(records)
+    assert "x.op tokens=4 · timer cuda-event" in text.splitlines()[1]
+    assert _row(text, "│ triton ")[-1] == "interpreted" and "interpreted" not in _row(text, "│ torch ")
+    assert "TFLOP/s" in text and _row(text, "│ triton ")[-4] == "-"
+    records[1]["timing"]["timer"] = "cuda-graph"  # two timers: each row says its own
+    text = _render(records)
+    assert "· timer" not in text and _row(text, "│ triton ")[-1] == "cuda-graph, interpreted"
 
 
 def test_logs_get_160_columns_whatever_columns_says(monkeypatch):
@@ -75,7 +89,7 @@ def test_a_tune_candidate_is_labelled_with_its_forced_config():
               "config_source": {"x._k": "candidate"}}
     default.update(config={"x._k": {"BT": 64, "num_warps": 4}}, config_source={"x._k": "default"})
     text = _render([default, forced])
-    assert _row(text, "│ triton[BT=32,num_warps=4] ")[5] == "1" and _row(text, "│ triton ")[5] == "2"
+    assert _row(text, "│ triton[BT=32,num_warps=4] ")[4] == "1" and _row(text, "│ triton ")[4] == "2"
 
 
 def _progress(expected=None, total=4):
