@@ -175,14 +175,22 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
 @main.command("show")
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--failed", is_flag=True, help="Only the cases that did not pass.")
-def show_cmd(run_dir: Path, failed: bool) -> None:
-    """The table of a stored run."""
-    run, records = results.load_run(run_dir)
+@click.option("--op", "ops", multiple=True, metavar="GLOB", help="Only these ops (globs, repeatable).")
+@click.option("--backend", "backends", multiple=True, metavar="GLOB", help="Only these backends (globs, repeatable).")
+@click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (repeatable or comma-separated).")
+@click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Only these values of an axis (repeatable).")
+@click.option("--limit", default=400, show_default=True, type=click.IntRange(min=1), help="Rows shown at most.")
+def show_cmd(run_dir: Path, failed: bool, ops: tuple[str, ...], backends: tuple[str, ...], dtypes: tuple[str, ...],
+             sets: tuple[str, ...], limit: int) -> None:
+    """The table of a stored run (all of it, or the cases the filters select)."""
+    run, every = results.load_run(run_dir)
+    records = results.select_records(every, ops=ops, backends=backends, dtypes=dtypes, sets=sets)
     if failed:
         records = [r for r in records if r["status"] != "ok"]
     out = console()
     dev = run.get("fingerprint", {}).get("device", {})
-    out.print(results_table(records, title=f"{run.get('run_id')} on {dev.get('name', '?')} ({dev.get('type', '?')})"))
+    out.print(results_table(records, title=f"{run.get('run_id')} on {dev.get('name', '?')} ({dev.get('type', '?')})",
+                            limit=limit, among=every))  # x fastest: against every backend of the run
     fails = failures_table(records)
     if fails is not None:
         out.print(fails)

@@ -71,28 +71,30 @@ OPTIONAL = {"params", "TFLOP/s", "peak MB", "labels"}  # left out of an op's tab
 EMPTY = {"", "-", "0"}
 
 
-def results_table(records: Sequence[dict[str, Any]], title: str = "", limit: int = 400) -> Group:
+def results_table(records: Sequence[dict[str, Any]], title: str = "", limit: int = 400,
+                  among: Sequence[dict[str, Any]] | None = None) -> Group:
     """One table per op (skipped cases are listed under "Not measured"). An op's title names the axes whose value is
     the same in all its rows, and the timer when all rows share it; its params column shows the rest. `× fastest`:
     the case's median over the fastest correct backend's at the same point and dtype (1 for that one; '-' when not
-    timed). Columns without a value in any row (no varying axis, no FLOPs, no labels) are left out."""
+    timed), the fastest taken `among` these records (default: the ones shown; `show`'s filters pass the whole run).
+    Columns without a value in any row (no varying axis, no FLOPs, no labels) are left out."""
     shown = sorted((r for r in records if r["status"] != "skipped"),
                    key=lambda r: (r["op"], r["dtype"], [str(v).zfill(12) for v in r["params"].values()], r["backend"]))
     parts: list[Any] = [Text(title, style="bold")] if title else []
+    fastest = fastest_medians(records if among is None else among)
     for op, rows in itertools.groupby(shown[:limit], key=lambda r: r["op"]):
-        parts.append(_op_table(op, list(rows)))
+        parts.append(_op_table(op, list(rows), fastest))
     if len(shown) > limit:
         parts.append(Text(f"{len(shown) - limit} more cases not shown (see the HTML report)", style="dim"))
     return Group(*parts)
 
 
-def _op_table(op: str, rows: list[dict[str, Any]]) -> Group:
+def _op_table(op: str, rows: list[dict[str, Any]], fastest: dict[tuple, float]) -> Group:
     from spark_bench.report.model import record_backend
 
     fixed = {k: v for k, v in rows[0]["params"].items() if all(r["params"].get(k, object()) == v for r in rows)}
     timers = {(r.get("timing") or {}).get("timer") for r in rows} - {None, ""}
     shared_timer = timers.pop() if len(timers) == 1 else None  # an untimed row (a failure) has no timer
-    fastest = fastest_medians(rows)
     title = f"[bold]{escape(op)}[/]" + (f" [dim]{escape(fmt_params(fixed))}[/]" if fixed else "") \
         + (f" [dim]· timer {escape(shared_timer)}[/]" if shared_timer else "")
     cells = []
@@ -181,7 +183,8 @@ def first_line(error: str | None) -> str:
 
 
 def summary_line(summary: dict[str, int]) -> str:
-    parts = [f"{summary['cases']} cases"] + [f"{n} {s}" for s, n in summary.items() if s != "cases" and n]
+    n = summary["cases"]
+    parts = [f"{n} case" + ("" if n == 1 else "s")] + [f"{k} {s}" for s, k in summary.items() if s != "cases" and k]
     return ", ".join(parts)
 
 

@@ -276,3 +276,41 @@ def load_run(path: Path | str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 def summarize_statuses(results: list[dict[str, Any]]) -> dict[str, int]:
     counts = Counter(r["status"] for r in results)
     return {"cases": len(results), **{s: counts.get(s, 0) for s in STATUSES}}
+
+
+def select_records(records: list[dict[str, Any]], ops: tuple[str, ...] = (), backends: tuple[str, ...] = (),
+                   dtypes: tuple[str, ...] = (), sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The records matching every given filter: op and backend globs, dtypes, and AXIS=V1,V2 values (compared as
+    text). A filter that matches nothing in the run raises ResultsError naming what the run has."""
+    import fnmatch
+
+    def has(field: str, globs: tuple[str, ...], found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not globs:
+            return found
+        kept = [r for r in found if any(fnmatch.fnmatchcase(str(r.get(field)), g) for g in globs)]
+        if not kept:
+            names = sorted({str(r.get(field)) for r in found})
+            raise ResultsError(f"no case matches --{field} {' '.join(globs)}; the run has: {', '.join(names)}")
+        return kept
+
+    found = has("backend", backends, has("op", ops, list(records)))
+    found = has("dtype", tuple(d for text in dtypes for d in text.split(",") if d), found)
+    for text in sets:
+        axis, sep, values = text.partition("=")
+        wanted = {v.strip() for v in values.split(",") if v.strip()}
+        if not sep or not axis.strip() or not wanted:
+            raise ResultsError(f"malformed --set {text!r}: expected AXIS=V1,V2")
+        axis = axis.strip()
+        seen = sorted({str(r["params"][axis]) for r in found if axis in r.get("params", {})}, key=_natural)
+        if not seen:
+            raise ResultsError(f"no case of the selection has the axis {axis!r}")
+        found = [r for r in found if str(r.get("params", {}).get(axis)) in wanted]
+        if not found:
+            raise ResultsError(f"no case has {axis} in {{{', '.join(sorted(wanted))}}}; the run has {axis} = "
+                               f"{', '.join(seen)}")
+    return found
+
+
+def _natural(text: str) -> tuple:
+    return (0, float(text), text) if text.replace(".", "", 1).lstrip("-").isdigit() else (1, 0.0, text)
+

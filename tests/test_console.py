@@ -156,3 +156,32 @@ def test_skipped_cases_at_the_end_are_printed_when_the_sweep_ends():
         progress.result(_case("torch", 1), {"status": "ok", "timing": None})
         progress.result(_case("vllm", 2), {"status": "skipped", "error": "vllm not installed", "timing": None})
     assert buf.getvalue().splitlines()[-1] == "[2/2] skipped  1 case of backend vllm: vllm not installed"
+
+
+def test_show_selects_ops_backends_and_axis_values_and_keeps_the_ratio_to_the_whole_run(tmp_path):
+    import numpy as np
+    from click.testing import CliRunner
+    from report_fixtures import case, write_run
+
+    from spark_bench.cli import main
+
+    rng = np.random.default_rng(3)
+    recs = [case("kda.gate", b, {"tokens": t, "heads": 4}, samples=rng.normal(m * t, 0.01, 40))
+            for t in (1, 8) for b, m in (("torch", 2.0), ("triton", 1.0))]
+    recs.append(case("moe.experts", "triton", {"tokens": 8}, samples=rng.normal(5.0, 0.01, 40)))
+    run = write_run(tmp_path / "run", recs)
+
+    def show(*args):
+        res = CliRunner().invoke(main, ["show", str(run), *args], terminal_width=200)
+        return res.exit_code, res.output
+
+    code, out = show("--op", "kda.*", "--backend", "tor*", "--set", "tokens=8")
+    assert code == 0 and "moe.experts" not in out and "triton" not in out and "1 case, 1 ok" in out
+    row = _row(out, "│ torch ")
+    assert row[:3] == ["torch", "bf16", "ok"] and row[3].startswith("16 ±") and row[4] == "2"  # triton's 8, unshown
+    code, out = show("--set", "tokens=99")
+    assert code == 2 and "no case has tokens in {99}; the run has tokens = 1, 8" in out
+    code, out = show("--op", "quant.*")
+    assert code == 2 and "the run has: kda.gate, moe.experts" in out
+    code, out = show("--limit", "2")
+    assert code == 0 and "3 more cases not shown" in out
