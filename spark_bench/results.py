@@ -278,23 +278,27 @@ def summarize_statuses(results: list[dict[str, Any]]) -> dict[str, int]:
     return {"cases": len(results), **{s: counts.get(s, 0) for s in STATUSES}}
 
 
+def record_matches(record: dict[str, Any], ops: tuple[str, ...] = (), backends: tuple[str, ...] = (),
+                   dtypes: tuple[str, ...] = ()) -> bool:
+    """Whether a record's op and backend match one of their globs and its dtype is listed (an empty filter: any)."""
+    import fnmatch
+
+    return all(not globs or any(fnmatch.fnmatchcase(str(record.get(field)), g) for g in globs)
+               for field, globs in (("op", ops), ("backend", backends), ("dtype", dtypes)))
+
+
 def select_records(records: list[dict[str, Any]], ops: tuple[str, ...] = (), backends: tuple[str, ...] = (),
                    dtypes: tuple[str, ...] = (), sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """The records matching every given filter: op and backend globs, dtypes, and AXIS=V1,V2 values (compared as
     text). A filter that matches nothing in the run raises ResultsError naming what the run has."""
-    import fnmatch
-
-    def has(field: str, globs: tuple[str, ...], found: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if not globs:
-            return found
-        kept = [r for r in found if any(fnmatch.fnmatchcase(str(r.get(field)), g) for g in globs)]
+    dtypes = tuple(d for text in dtypes for d in text.split(",") if d)
+    found = list(records)
+    for field, globs in (("op", ops), ("backend", backends), ("dtype", dtypes)):
+        kept = [r for r in found if record_matches(r, **{f"{field}s": globs})]
         if not kept:
             names = sorted({str(r.get(field)) for r in found})
             raise ResultsError(f"no case matches --{field} {' '.join(globs)}; the run has: {', '.join(names)}")
-        return kept
-
-    found = has("backend", backends, has("op", ops, list(records)))
-    found = has("dtype", tuple(d for text in dtypes for d in text.split(",") if d), found)
+        found = kept
     for text in sets:
         axis, sep, values = text.partition("=")
         wanted = {v.strip() for v in values.split(",") if v.strip()}

@@ -204,3 +204,17 @@ def test_html_writes_the_comparison_report(tmp_path):
     assert "faster" in res.output
     text = out.read_text()
     assert 'id="compare"' in text and "9b8c7d6e vs 3f2a1c9d" in text
+
+
+def test_op_and_backend_select_what_is_gated(tmp_path):
+    a = fx.standard_run(tmp_path / "a", seed=0)
+    b = fx.standard_run(tmp_path / "b", seed=1, run_id="run-b", scale={"triton": 1.2}, ops=("kda.gate",))
+    res = invoke(a, b, "--op", "moe.*")  # moe.experts is missing from b: a gate of it fails
+    assert res.exit_code == 1 and "missing" in res.output
+    res = invoke(a, b, "--op", "kda.*", "--backend", "torch*")  # triton's regression is outside the selection
+    assert res.exit_code == 0, res.output
+    res = invoke(a, b, "--op", "kda.gate", "--backend", "triton")
+    listed = [line for line in res.output.splitlines() if line.startswith("  ") and "slower" in line]
+    assert res.exit_code == 1 and len(listed) == 8 and all(" kda.gate triton " in line for line in listed)
+    res = invoke(a, b, "--op", "quant.*")
+    assert res.exit_code == 2 and "no case matches --op quant.*; the run has: kda.gate, moe.experts" in res.output

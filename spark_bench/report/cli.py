@@ -18,6 +18,7 @@ from spark_bench.report.compare import (
     print_table,
 )
 from spark_bench.report.model import ResultsError, load_runs, params_text
+from spark_bench.results import record_matches, select_records
 
 
 def _fail(command: str, message: str) -> None:
@@ -70,14 +71,22 @@ CPU_DRIFT_NOTE = ("note: timed on a CPU, where consecutive runs of the same code
 @click.option("--all", "show_all", is_flag=True, help="List unchanged ('same') cases too.")
 @click.option("--allow-missing", is_flag=True,
               help="Pass although cases of the base run are missing from the new one (a deliberate subset).")
+@click.option("--op", "ops", multiple=True, metavar="GLOB", help="Compare only these ops (globs, repeatable).")
+@click.option("--backend", "backends", multiple=True, metavar="GLOB",
+              help="Compare only these backends (globs, repeatable).")
 def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_different_device: bool,
-            allow_different_weights: bool, html_out: Path | None, show_all: bool, allow_missing: bool) -> None:
-    """Compare NEW_RUN against BASE_RUN case by case. Exit 0: nothing regressed; 1: something got slower beyond the
-    threshold or stopped passing its check (listed); 2: usage error."""
+            allow_different_weights: bool, html_out: Path | None, show_all: bool, allow_missing: bool,
+            ops: tuple[str, ...], backends: tuple[str, ...]) -> None:
+    """Compare NEW_RUN against BASE_RUN case by case (or the ops and backends selected). Exit 0: nothing regressed;
+    1: something got slower beyond the threshold or stopped passing its check (listed); 2: usage error."""
 
     try:
         thr = parse_threshold(threshold)
         base, new = load_runs([base_run, new_run])
+        if ops or backends:  # cases outside the selection are neither compared nor missing
+            select_records(base.results + new.results, ops=ops, backends=backends)  # matches nothing: exit 2
+            for run in (base, new):
+                run.results = [r for r in run.results if record_matches(r, ops=ops, backends=backends)]
         if not allow_different_device:
             check_same_device(base, new)
         if not allow_different_weights:
