@@ -65,9 +65,9 @@ def latency_cell(rec: dict[str, Any]) -> str:
 
 
 COLUMNS = [("backend", "left"), ("params", "left"), ("dtype", "left"), ("status", "left"), ("median µs", "right"),
-           ("× fastest", "right"), ("GB/s", "right"), ("TFLOP/s", "right"), ("err ratio", "right"),
-           ("peak MB", "right"), ("labels", "left")]
-OPTIONAL = {"params", "TFLOP/s", "peak MB", "labels"}  # left out of an op's table when no row has a value
+           ("× fastest", "right"), ("GB/s", "right"), ("TFLOP/s", "right"), ("roofline", "right"),
+           ("err ratio", "right"), ("peak MB", "right"), ("labels", "left")]
+OPTIONAL = {"params", "TFLOP/s", "roofline", "peak MB", "labels"}  # left out of an op's table when no row has a value
 EMPTY = {"", "-", "0"}
 
 
@@ -110,7 +110,8 @@ def _op_table(op: str, rows: list[dict[str, Any]], fastest: dict[tuple, float]) 
             ratio = f"[bold green]{ratio}[/]"
         cells.append([escape(record_backend(rec)), escape(fmt_params(varying)) or "-", rec["dtype"],
                       f"[{STATUS_STYLE.get(status, '')}]{status}[/]", latency_cell(rec), ratio,
-                      fmt_num(rec.get("gbps")), fmt_num(rec.get("tflops")), fmt_num(check.get("err_ratio"), 2),
+                      fmt_num(rec.get("gbps")), fmt_num(rec.get("tflops")), roofline_cell(rec),
+                      fmt_num(check.get("err_ratio"), 2),
                       fmt_num(peak_mb(rec)), escape(labels)])
     keep = [i for i, (col, _) in enumerate(COLUMNS)
             if col not in OPTIONAL or any(row[i] not in EMPTY for row in cells)]
@@ -120,6 +121,19 @@ def _op_table(op: str, rows: list[dict[str, Any]], fastest: dict[tuple, float]) 
     for row in cells:
         table.add_row(*(row[i] for i in keep))
     return Group(Text.from_markup(title), table)  # the title as wide as the console, not folded to the table's
+
+
+def roofline_cell(rec: dict[str, Any]) -> str:
+    """The nearest roof as a percentage of its peak, '45.7% BW' or '12.1% FLOP' (the run's measured peaks; 'ds':
+    the datasheet's, when none was measured); '-' when the run stored none."""
+    from spark_bench.report.model import roofline_pct
+
+    found = roofline_pct(rec, {}) if rec.get("status") == "ok" else None
+    if found is None:
+        return "-"
+    pct, roof = found
+    kind, _, source = roof.partition(" ")
+    return f"{fmt_pct(pct, 3)} {kind.replace('FLOP/s', 'FLOP')}" + (" ds" if source == "datasheet" else "")
 
 
 def _point(rec: dict[str, Any]) -> tuple:

@@ -58,6 +58,9 @@ def test_percent_of_peak():
     assert percent_of_peak(2400.0, 1.0, "fp16", roof)["pct_flops_measured"] is None  # fp16 not measured
     assert percent_of_peak(None, 10.0, "fp32", roof)["pct_flops_datasheet"] == pytest.approx(14.95, abs=0.01)
     assert percent_of_peak(100.0, 1.0, "int7", roof)["pct_flops_datasheet"] is None
+    tiny = percent_of_peak(2.4e-5, 0.0, "fp32", roof)  # an interpreted kernel of an op without FLOPs
+    assert tiny["pct_bw_measured"] == pytest.approx(100 * 2.4e-5 / 4300, rel=1e-3) and tiny["pct_bw_measured"] > 0
+    assert tiny["pct_flops_measured"] is None and tiny["pct_flops_datasheet"] is None
     assert set(percent_of_peak(1.0, 1.0, "bf16", None).values()) == {None}
     assert set(percent_of_peak(1.0, 1.0, "bf16", {"measured": None, "datasheet": None}).values()) == {None}
 

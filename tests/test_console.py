@@ -185,3 +185,15 @@ def test_show_selects_ops_backends_and_axis_values_and_keeps_the_ratio_to_the_wh
     assert code == 2 and "the run has: kda.gate, moe.experts" in out
     code, out = show("--limit", "2")
     assert code == 0 and "3 more cases not shown" in out
+
+
+def test_roofline_column_names_the_nearest_roof_and_says_datasheet():
+    bw = {**_rec("x.op", "triton", {"tokens": 4}, 2.0),
+          "roofline": {"pct_bw_measured": 45.67, "pct_flops_measured": 3.1}}
+    flop = {**_rec("x.op", "torch", {"tokens": 4}, 3.0), "roofline": {"pct_bw_datasheet": 2.0,
+                                                                     "pct_flops_datasheet": 12.1}}
+    tiny = {**_rec("x.op", "interp", {"tokens": 4}, 9e5), "roofline": {"pct_bw_measured": 1.14e-4}}
+    text = _render([bw, flop, tiny])
+    assert "45.7% BW" in _row(text, "│ triton ") and "12.1% FLOP ds" in _row(text, "│ torch ")
+    assert "0.000114% BW" in _row(text, "│ interp ")  # never '0%' for a real small value
+    assert "roofline" not in _render([_rec("x.op", "torch", {"tokens": 4}, 3.0)])  # no peaks stored: no column

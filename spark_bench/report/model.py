@@ -195,7 +195,7 @@ def roofline_pct(r: dict[str, Any], run: dict[str, Any]) -> tuple[float, str] | 
     for kind, name in (("bw", "BW"), ("flops", "FLOP/s")):
         for source in ("measured", "datasheet"):
             v = number(stored.get(f"pct_{kind}_{source}"))
-            if v is not None:
+            if v:  # 0: no work of that kind (or, in runs before 2026-12-04, a percentage rounded to 2 decimals)
                 found.append((v, f"{name} {source}"))
                 break
     if not found:
@@ -203,7 +203,7 @@ def roofline_pct(r: dict[str, Any], run: dict[str, Any]) -> tuple[float, str] | 
         for key, name, got in (("gbps", "BW", number(r.get("gbps"))), ("tflops", "FLOP/s", number(r.get("tflops")))):
             for source in ("measured", "datasheet"):
                 peak = (known.get(source) or {}).get(key)
-                if got is not None and peak:
+                if got and peak:  # no FLOPs (or no bytes): no roof of that kind
                     found.append((100.0 * got / peak, f"{name} {source}"))
                     break
     return max(found) if found else None

@@ -109,9 +109,11 @@ def flops_peak(tflops: dict[str, float], dtype: str | None) -> float | None:
 
 
 def _pct(value: float | None, peak: float | None) -> float | None:
-    if value is None or not peak:
+    """100 value / peak to 4 significant digits (an interpreted kernel's 1e-4 % is not 0); None without a peak or
+    without work of that kind (an op of no FLOPs has no FLOP roof)."""
+    if not value or not peak:
         return None
-    return round(100.0 * value / peak, 2)
+    return float(f"{100.0 * value / peak:.4g}")
 
 
 def percent_of_peak(gbps: float | None, tflops: float | None, dtype: str | None,
