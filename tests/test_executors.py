@@ -186,3 +186,19 @@ def test_dry_run_estimates_from_stored_results(tmp_path, monkeypatch, fault_proc
     # 2 + 2 + 7 + 7 + 5 + 5 = 28 s of case time, 14 s on two workers
     assert "estimate: 28.0s of case time" in out and "on 2 workers: 14.0s" in out
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["old"]  # nothing ran, no run directory
+
+
+def test_estimates_read_only_the_newest_run_directories(tmp_path):
+    import os
+
+    from spark_bench.executors.plan import stored_durations
+
+    for age, seconds in ((300, 9.0), (200, 2.0), (100, 3.0)):  # the oldest run says 9 s
+        run = tmp_path / f"run{age}"
+        run.mkdir()
+        path = run / "results.jsonl"
+        path.write_text(json.dumps({"case_id": "c", "op": "x", "backend": "b", "device": "cpu", "status": "ok",
+                                    "duration_s": seconds}) + "\n")
+        os.utime(path, (1e9 - age, 1e9 - age))
+    assert sorted(stored_durations(tmp_path)["c"]) == [2.0, 3.0, 9.0]
+    assert sorted(stored_durations(tmp_path, newest=2)["c"]) == [2.0, 3.0]

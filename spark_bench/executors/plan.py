@@ -24,15 +24,18 @@ from spark_bench.executors.reference import CPU_QUICK, SOURCE
 from spark_bench.sweep import Case
 
 DEFAULT_CASE_S = 5.0
+NEWEST_RUNS = 50  # run directories read for the estimates
 # Cost-model bytes per second of case time of an interpreted Triton case: measured on a 2-core EPYC, the KDA kernels
 # ran at 16-325 KB/s (kda.gate fastest, the chunked and recurrent scans slowest); the slow end, so never optimistic.
 INTERPRETED_BYTES_PER_S = 16e3
 
 
-def stored_durations(root: Path) -> dict[Any, list[float]]:
-    """duration_s of every stored case, keyed by case_id, by (op, backend, device type) and by (op, backend)."""
+def stored_durations(root: Path, newest: int = NEWEST_RUNS) -> dict[Any, list[float]]:
+    """duration_s of every case stored in the `newest` run directories under `root` (by the journal's mtime: a
+    results tree of years of nightlies is not parsed at each sweep's start), keyed by case_id, by (op, backend,
+    device type) and by (op, backend)."""
     found: dict[Any, list[float]] = collections.defaultdict(list)
-    for path in sorted(Path(root).glob("*/results.jsonl")):
+    for path in _newest(Path(root).glob("*/results.jsonl"), newest):
         try:
             lines = path.read_text().splitlines()
         except OSError:
@@ -52,6 +55,16 @@ def stored_durations(root: Path) -> dict[Any, list[float]]:
                 if isinstance(nbytes, (int, float)) and nbytes > 0:  # for scaling an interpreted case by its work
                     found[("bytes", *keys[1])].append((float(nbytes), seconds))
     return found
+
+
+def _newest(paths: Any, count: int) -> list[Path]:
+    dated = []
+    for path in paths:
+        try:
+            dated.append((path.stat().st_mtime, path))
+        except OSError:
+            continue
+    return [p for _, p in sorted(dated, reverse=True)[:count]]
 
 
 def estimate(case: Case, stored: dict[Any, list[float]], interpreted_bytes: float | None = None) -> tuple[float, str]:
