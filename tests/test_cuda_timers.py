@@ -1,0 +1,142 @@
+"""The CUDA timers' logic (spark_bench/timing.py) on a simulated device, without a GPU.
+
+torch.cuda's events, streams and graphs are replaced by a fake whose clock only moves when a fake kernel runs: a
+kernel of d us advances it by d, an event reads it, a graph records the kernels launched while it captures and runs
+them again on replay. So every expected time is exact: what the events and graph timers must return (the flush kept
+out of the event pair; the flush graph's median subtracted from the graph's), the auto mode's choice, and the
+fallback to events when a call cannot be captured. What it cannot show is how a real GPU behaves (launch gaps,
+clocks): that is tests/gpu/xcheck_do_bench.py's job on the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import pytest
+import torch
+
+from spark_bench import timing
+from spark_bench.timing import TimingConfig
+
+
+class FakeDevice:
+    def __init__(self) -> None:
+        self.clock_us = 0.0
+        self.capturing: list | None = None  # the kernels of the graph being captured
+        self.launched = 0
+
+    def kernel(self, us: float, fail_in_capture: bool = False):
+        def launch() -> None:
+            if self.capturing is not None:
+                if fail_in_capture:
+                    raise RuntimeError("operation not permitted when stream is capturing")
+                self.capturing.append(us)
+            else:
+                self.clock_us += us
+                self.launched += 1
+        return launch
+
+    def install(self, monkeypatch: pytest.MonkeyPatch, flush_us: float) -> None:
+        device = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.t: float | None = None
+
+            def record(self) -> None:
+                assert device.capturing is None, "an event recorded inside a capture"
+                self.t = device.clock_us
+
+            def synchronize(self) -> None:
+                pass
+
+            def elapsed_time(self, end: Event) -> float:  # milliseconds, as torch's
+                return (end.t - self.t) / 1e3
+
+        class CUDAGraph:
+            def __init__(self) -> None:
+                self.kernels: list[float] = []
+
+            def replay(self) -> None:
+                device.clock_us += sum(self.kernels)
+                device.launched += len(self.kernels)
+
+        @contextlib.contextmanager
+        def graph(g: CUDAGraph):
+            device.capturing = g.kernels
+            try:
+                yield
+            finally:
+                device.capturing = None
+
+        class Stream:
+            def wait_stream(self, other: Stream) -> None:
+                pass
+
+        for name, value in {"Event": Event, "CUDAGraph": CUDAGraph, "graph": graph, "Stream": Stream,
+                            "current_stream": Stream, "stream": lambda s: contextlib.nullcontext(),
+                            "synchronize": lambda *a: None}.items():
+            monkeypatch.setattr(torch.cuda, name, value, raising=False)
+        monkeypatch.setattr(timing, "flusher", lambda dev, enabled: self.kernel(flush_us) if enabled else
+                            (lambda: None))
+
+
+CFG = TimingConfig(warmup_s=0.0, min_samples=20, max_samples=200, min_time_s=0.0, max_time_s=5.0,
+                   target_rel_ci=0.01, graph_target_us=500.0)
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    device = FakeDevice()
+    device.install(monkeypatch, flush_us=40.0)
+    return device
+
+
+@pytest.mark.parametrize("kernel_us", [3.0, 120.0])
+def test_events_time_the_call_and_leave_the_flush_out(gpu, kernel_us):
+    rec = timing.time_cuda_events([gpu.kernel(kernel_us)], CFG, "cuda:0")
+    assert rec["timer"] == "cuda-event" and rec["median"] == pytest.approx(kernel_us)
+    assert rec["min"] == rec["max"] and rec["converged"] and rec["l2_flush"] is True
+
+
+def test_events_rotate_the_input_sets(gpu):
+    rec = timing.time_cuda_events([gpu.kernel(10.0), gpu.kernel(30.0)], CFG, "cuda:0")
+    assert sorted(set(rec["samples"])) == [10.0, 30.0] and rec["samples"].count(10.0) == rec["samples"].count(30.0)
+
+
+@pytest.mark.parametrize("kernel_us,flush", [(2.0, True), (7.5, False)])
+def test_graph_subtracts_the_flush_graph_and_divides_by_the_calls_it_unrolls(gpu, kernel_us, flush):
+    cfg = dataclasses.replace(CFG, flush=flush)
+    rec = timing.time_cuda_graph([gpu.kernel(kernel_us)], cfg, "cuda:0", estimate_us=kernel_us)
+    n = rec["calls_per_sample"]
+    assert n == round(cfg.graph_target_us / kernel_us)  # about graph_target_us of work per replay
+    assert rec["timer"] == "cuda-graph" and rec["median"] == pytest.approx(kernel_us)
+    assert rec["flush_us_per_call_subtracted"] == pytest.approx(40.0 if flush else 0.0)
+
+
+def test_graph_of_rotating_sets_times_their_mean(gpu):
+    rec = timing.time_cuda_graph([gpu.kernel(1.0), gpu.kernel(3.0)], CFG, "cuda:0", estimate_us=2.0)
+    assert rec["calls_per_sample"] % 2 == 0 and rec["median"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("kernel_us,timer", [(5.0, "cuda-graph"), (80.0, "cuda-event")])
+def test_auto_mode_graphs_small_calls_and_uses_events_for_large_ones(gpu, kernel_us, timer):
+    rec = timing.measure([gpu.kernel(kernel_us)], "cuda:0", CFG)
+    assert rec["timer"] == timer and rec["median"] == pytest.approx(kernel_us)
+    assert (timing.GRAPH_BELOW_US > kernel_us) == (timer == "cuda-graph")
+
+
+def test_a_call_that_cannot_be_captured_is_timed_with_events_and_says_so(gpu):
+    rec = timing.measure([gpu.kernel(4.0, fail_in_capture=True)], "cuda:0", CFG)
+    assert rec["timer"] == "cuda-event" and rec["median"] == pytest.approx(4.0)
+    assert rec["notes"] == ["graph capture failed, timed with events: RuntimeError: operation not permitted when "
+                            "stream is capturing"]
+
+
+def test_forced_modes_and_the_sample_cap(gpu):
+    cfg = dataclasses.replace(CFG, mode="events", max_samples=32, target_rel_ci=0.0)  # never converges
+    rec = timing.measure([gpu.kernel(5.0)], "cuda:0", cfg)
+    assert rec["timer"] == "cuda-event" and rec["stop_reason"] == "max_samples" and rec["n"] == 32
+    rec = timing.measure([gpu.kernel(500.0)], "cuda:0", dataclasses.replace(CFG, mode="graph"))
+    assert rec["timer"] == "cuda-graph" and rec["median"] == pytest.approx(500.0)
