@@ -25,6 +25,7 @@ from spark_bench.options import (
     sweep_spec,
 )
 from spark_bench.report.cli import compare, report
+from spark_bench.sweep import UsageError
 from spark_bench.telemetry.cli import calibrate, profile
 from spark_bench.tune.cli import load_tuned, tune, tuned
 from spark_bench.weights.cli import make_spec, weight_options
@@ -95,6 +96,9 @@ def env_cmd(as_json: bool, device: str | None) -> None:
 @sweep_options
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Run directory (default results/<id>).")
 @click.option("--resume", type=click.Path(path_type=Path), default=None, help="Finish an interrupted run in DIR.")
+@click.option("--like", type=click.Path(path_type=Path), default=None, metavar="BASE_RUN",
+              help="Run BASE_RUN's sweep again (its cases and timing) in a new run directory, e.g. after a kernel "
+                   "change; then `spark-bench compare BASE_RUN NEW_RUN`.")
 @click.option("--timeout", type=float, default=None, help="Seconds a case may spend in one phase before it is killed.")
 @click.option("--max-time", type=float, default=None, help="Timing budget per case, seconds.")
 @click.option("--min-samples", type=int, default=None, help="Minimum timed samples per case.")
@@ -120,7 +124,7 @@ def env_cmd(as_json: bool, device: str | None) -> None:
               help="Launch the kernels with a tuned-config table (`spark-bench tune`); auto: this device's table "
                    "under results/tuned/ when there is one.")
 @weight_options
-def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resume, timeout, seed, max_time,
+def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resume, like, timeout, seed, max_time,
             min_samples, target_ci, no_flush, timer, no_energy, no_report, executor_kind, devices, ray_address,
             retries, dry_run, history_db, no_confirm_crashes, tuned, weights, layer, routing,
             activations) -> None:
@@ -135,10 +139,19 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
     session = None
     check_run_options(timeout=timeout, max_time=max_time, min_samples=min_samples, target_ci=target_ci, quick=quick,
                       full=full)
+    if resume is not None and like is not None:
+        raise UsageError("--resume finishes a run, --like starts a new one; pass one")
     if resume is not None:
         refuse_sweep_options_with_resume(click.get_current_context(), resume)
         session = Session.resume(resume)
         spec = session.spec
+    elif like is not None:  # the base's spec and timing; a tuned table of its own may differ on purpose
+        refuse_sweep_options_with_resume(click.get_current_context(), like, "--like", allowed=("out", "tuned"))
+        spec, cfg, timeout = Session.stored(like)
+        check_device(spec.device)  # a GPU run's sweep again on a machine without its device: one line, exit 2
+        if tuned is not None:
+            spec.tuned = load_tuned(tuned, spec.device, RESULTS_ROOT,
+                                    warn=lambda m: click.echo(f"warning: {m}", err=True))
     else:
         device = check_device(device or default_device())
         spec = sweep_spec(ops=ops, backends=backends, preset=preset, sets=sets, dtypes=dtypes, device=device,
@@ -166,6 +179,8 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
         executor.prestart(spec.device)  # the workers start up (torch, plugins) while this process finds the cases
         session = Session.create(spec, cfg, out, timeout, command=sys.argv, results_root=RESULTS_ROOT)
     code = session.execute(report=not no_report, executor=executor, confirm_crashes=not no_confirm_crashes)
+    if like is not None:
+        click.echo(f"compare: spark-bench compare {like} {session.store.path}")
     if history_db is not None:
         counts = add_runs(history_db, [session.store.path])
         click.echo(f"history {history_db}: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n))

@@ -74,15 +74,17 @@ def check_run_options(*, timeout: float | None, max_time: float | None, min_samp
         raise UsageError(f"--target-ci is a fraction of the median below 1 (0.02 = 2%), not {target_ci}")
 
 
-def refuse_sweep_options_with_resume(ctx: Any, resume: Any) -> None:
-    """`--resume DIR` runs the sweep stored in DIR: sweep options beside it would be silently ignored."""
+def refuse_sweep_options_with_resume(ctx: Any, resume: Any, option: str = "--resume",
+                                     allowed: tuple[str, ...] = ()) -> None:
+    """`--resume DIR` (or `--like DIR`, which may name its own `allowed` options) runs the sweep stored in DIR:
+    sweep options beside it would be silently ignored."""
     from click.core import ParameterSource
 
     given = [p.opts[0] for p in ctx.command.params
-             if p.name in RESUME_FIXED and ctx.get_parameter_source(p.name) in (ParameterSource.COMMANDLINE,
-                                                                                ParameterSource.ENVIRONMENT)]
+             if p.name in RESUME_FIXED and p.name not in allowed
+             and ctx.get_parameter_source(p.name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
     if given:
-        raise UsageError(f"--resume {resume} runs the sweep stored in its run.json; drop {', '.join(given)} "
+        raise UsageError(f"{option} {resume} runs the sweep stored in its run.json; drop {', '.join(given)} "
                          "(or start a new run)")
 
 

@@ -195,6 +195,17 @@ class Session:
         })
         return cls(store, spec, cfg, timeout_s, cases)
 
+    @staticmethod
+    def stored(path: Path) -> tuple[SweepSpec, TimingConfig, float]:
+        """(spec, timing config, phase timeout) of the run in `path`, for `run --like`; ResultsError if unusable."""
+        if not Path(path).is_dir():
+            raise results.ResultsError(f"{path}: no such run directory")
+        store = results.RunStore(path)
+        run = store.read_run()
+        if run.get("kind") == "tune":
+            raise results.ResultsError(f"{path} is a tune directory, not a sweep to run again")
+        return stored_sweep(store, run)
+
     @classmethod
     def resume(cls, path: Path) -> Session:
         store = results.RunStore(path)

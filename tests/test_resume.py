@@ -82,3 +82,21 @@ def test_sigterm_stops_the_sweep_says_what_is_kept_and_resume_finishes_it(tmp_pa
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(set(_case_ids(journal))) == 24 and _case_ids(journal)[: len(kept)] == kept
+
+
+def test_like_runs_the_base_sweep_again_in_a_new_directory(tmp_path, fault_env):
+    base, new = tmp_path / "base", tmp_path / "new"
+    args = ["--op", "fault.scale", "--backend", "good", "--quick", "--set", "rows=3,5", "--max-time", "0.02"]
+    first = subprocess.run(spark_bench_cmd("run", *args, "--out", base, "--no-report"), env=fault_env,
+                           capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    again = subprocess.run(spark_bench_cmd("run", "--like", base, "--out", new, "--no-report"), env=fault_env,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert sorted(_case_ids(new / "results.jsonl")) == sorted(_case_ids(base / "results.jsonl"))
+    spec = {d: json.loads((d / "run.json").read_text())["spec"] for d in (base, new)}
+    assert spec[new] == spec[base] and spec[new]["timing"]["max_time_s"] == 0.02  # its cases and its timing
+    assert again.stdout.strip().splitlines()[-1] == f"compare: spark-bench compare {base} {new}"
+    refused = subprocess.run(spark_bench_cmd("run", "--like", base, "--set", "rows=7"), env=fault_env,
+                             capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "drop --set" in refused.stderr and len(refused.stderr.splitlines()) == 1
