@@ -257,7 +257,7 @@ class SweepProgress:
 
     def eta(self, elapsed: float) -> float:
         """Seconds left, from the estimates of the cases left (see the class), else from the mean case so far."""
-        if self.expected:
+        if self.expected_done + self.prior_s > 0:  # estimates, and not all of them 0 (skipped cases)
             return self.expected_left * (elapsed + self.prior_s) / (self.expected_done + self.prior_s)
         measured = self.done - self.skipped
         return elapsed / measured * (self.total - self.done) if measured else 0.0

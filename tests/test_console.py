@@ -125,6 +125,21 @@ def test_eta_weighs_the_cases_left_by_their_estimates():
     assert _eta(buf.getvalue()) == 4
 
 
+def test_estimates_of_zero_seconds_fall_back_to_counting_cases():
+    cases = [_case("vllm", 1), _case("torch", 2)]
+    progress, buf = _progress({c.case_id: 0.0 for c in cases}, total=2)  # e.g. only skipped cases estimated
+    assert progress.eta(5.0) == 0.0
+    progress.started -= 4.0
+    progress.result(cases[1], {"status": "ok", "timing": None})
+    assert _eta(buf.getvalue()) == 4
+    from spark_bench.console import SweepProgress
+
+    live = SweepProgress(2, Console(file=io.StringIO(), force_terminal=True), expected={cases[0].case_id: 0.0})
+    with live:  # the terminal's bar: a skipped case (0 s estimated) updates its ETA without dividing by zero
+        live.result(cases[0], {"status": "skipped", "error": "vllm not installed", "timing": None})
+    assert live.progress.tasks[0].fields["eta"] == "0s"
+
+
 def test_one_slow_first_case_does_not_multiply_the_whole_eta():
     cases = [_case("torch_compile", n) for n in range(100)]
     progress, buf = _progress({c.case_id: 1.0 for c in cases}, total=100)
