@@ -84,6 +84,21 @@ def test_raw_samples_embedded_once(page, one_run):
     assert not any("samples" in json.dumps(f["fig"]) for f in data["figs"])
 
 
+def test_a_case_of_many_samples_embeds_evenly_spaced_order_statistics(tmp_path):
+    rng = np.random.default_rng(5)
+    many = np.concatenate([rng.lognormal(np.log(10.0), 0.05, 1995), [50.0, 60.0, 70.0, 80.0, 90.0]])
+    run = fx.write_run(tmp_path / "a", [fx.case("kda.gate", "triton", {"tokens": 1}, samples=many),
+                                        fx.case("kda.gate", "torch", {"tokens": 1}, samples=fx.draw(rng, 9.0))])
+    page = write_report([run], tmp_path / "r.html").read_text()
+    sets = {s["b"]: s for s in page_data(page)["samples"]["op0"]}
+    kept = sets["triton"]["s"]
+    assert len(kept) == 256 and sets["triton"]["of"] == 2000 and "of" not in sets["torch"]
+    assert min(kept) == pytest.approx(many.min(), rel=1e-3) and max(kept) == 90.0  # whiskers and outliers kept
+    for q in (25, 50, 75):  # the box to within one rank in 256
+        assert np.percentile(kept, q) == pytest.approx(np.percentile(many, q), rel=0.01)
+    assert "1 case(s) with more than 256 drawn from 256 evenly spaced order statistics" in page
+
+
 def test_failures_are_listed_with_their_error(page):
     assert "outputs differ: err_ratio 0.4 &gt; 0.01" in page
     assert "RuntimeError: CUDA out of resources" in page

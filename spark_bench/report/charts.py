@@ -300,15 +300,31 @@ class OpCharts:
         return [f for f in figs if f is not None]
 
     def sample_sets(self) -> list[dict[str, Any]]:
-        """Raw samples of every timed case, for the on-demand distribution plot (embedded once per page)."""
+        """Raw samples of every timed case, for the on-demand distribution plot (embedded once per page); a case
+        with more than MAX_BOX_SAMPLES keeps that many evenly spaced order statistics (`of`: how many it had), so a
+        sweep of thousands of converged GPU cases does not make a report of hundreds of MB."""
         out = []
         for (ri, b, ci), rs in sorted(self.groups.items()):
             for r in rs:
-                samples = timing(r).get("samples")
+                samples = [v for v in timing(r).get("samples") or () if math.isfinite(v)]
                 if samples:
+                    kept = order_statistics(samples, MAX_BOX_SAMPLES)
                     out.append({"n": self.name(b, ri), "b": b, "c": ci, "x": self.x(r), "run": ri,
-                                "s": [float(f"{v:.4g}") for v in samples if math.isfinite(v)]})
+                                "s": [float(f"{v:.4g}") for v in kept]}
+                               | ({"of": len(samples)} if len(kept) < len(samples) else {}))
         return out
+
+
+MAX_BOX_SAMPLES = 256
+
+
+def order_statistics(samples: list[float], most: int) -> list[float]:
+    """All the samples when there are at most `most`, else `most` evenly spaced order statistics (min and max kept):
+    the same box plot (quartiles, whiskers, outliers) to within one rank in `most`."""
+    if len(samples) <= most:
+        return samples
+    ranked = sorted(samples)
+    return [ranked[round(i * (len(ranked) - 1) / (most - 1))] for i in range(most)]
 
 
 def _roof_trace(p: dict[str, float], lo: float, hi: float, name: str, source: str) -> dict[str, Any]:

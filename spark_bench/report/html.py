@@ -15,7 +15,7 @@ import plotly.offline
 from spark_bench.console import fmt_pct
 from spark_bench.report import tables
 from spark_bench.report.assets import CSS, JS
-from spark_bench.report.charts import OpCharts, palette, ptext
+from spark_bench.report.charts import MAX_BOX_SAMPLES, OpCharts, palette, ptext
 from spark_bench.report.compare import CaseDiff, compare_runs, tally
 from spark_bench.report.model import RunData, by_op, failure_text, op_summary, params_text, problems, timing
 from spark_bench.report.tuned import tuned_section
@@ -308,8 +308,11 @@ def op_section(index: int, charts: OpCharts, verdicts: dict, data: dict[str, Any
             else "<p class='muted'>No timed case of this op: see the failures above.</p>")
     boxes = ""
     if data["samples"][key]:
-        boxes = (f'<details class="sb-box" data-op="{key}"><summary>Raw-sample distributions (box plots of every '
-                 'stored sample, drawn when opened)</summary><div class="sb-boxplot"></div></details>')
+        thinned = sum("of" in entry for entry in data["samples"][key])
+        which = (f"every stored sample; {thinned} case(s) with more than {MAX_BOX_SAMPLES} drawn from "
+                 f"{MAX_BOX_SAMPLES} evenly spaced order statistics" if thinned else "every stored sample")
+        boxes = (f'<details class="sb-box" data-op="{key}"><summary>Raw-sample distributions (box plots of '
+                 f'{which}, drawn when opened)</summary><div class="sb-boxplot"></div></details>')
     return (f'<section id="op-{_op_anchor(charts.op)}"><h2>{esc(charts.op)}</h2>'
             f'<div class="controls">{"".join(controls)}</div>{body}{boxes}</section>')
 
