@@ -86,3 +86,11 @@ def test_the_gpu_check_writes_at_most_8_files():
     script = (Path(__file__).parent / "gpu" / "run_gpu_check.sh").read_text()
     files = set(re.findall(r"\$OUT/([A-Za-z0-9_.-]+)", script))
     assert "targets.json" in files and "runs.tar.gz" in files and len(files) <= 8, sorted(files)
+
+
+def test_the_profiled_cases_exist_and_are_in_the_gpu_check():
+    import profiles
+
+    assert profiles.main("unused", device="cpu", dry=True) == 0  # every op, backend and axis value resolves
+    script = (Path(__file__).parent / "gpu" / "run_gpu_check.sh").read_text()
+    assert "tests/gpu/profiles.py /tmp/gpu-profiles" in script and "gpu-profiles" in script.split("tar ")[-1]

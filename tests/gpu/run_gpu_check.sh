@@ -7,7 +7,8 @@
 #   2. our CUDA timers against triton.testing.do_bench,
 #   3. the measured roofline (spark-bench calibrate),
 #   4. the issues' targets (tests/gpu/targets.py: the points issues 12 and 13 name, ours against fla / vLLM / torch
-#      and the measured roofline) and their verdicts,
+#      and the measured roofline) and their verdicts, then (4b) the per-kernel times of the chunk prefill's stages and
+#      the MoE experts' kernels at those points (tests/gpu/profiles.py, torch.profiler),
 #   5. the GPU sweep (every op, every available backend, fla/vLLM as peers where installed), budgeted and resumable,
 #      and its HTML report.
 # Writes 8 files under $OUT (the device tool returns no more; the runs travel as runs.tar.gz). Run from the repo root:
@@ -20,7 +21,7 @@ LOG="$OUT/gpu_check.log"
 exec > >(tee -a "$LOG") 2>&1
 export PYTHONUNBUFFERED=1
 TARGETS_BUDGET_S=${TARGETS_BUDGET_S:-120}  # the steps' limits add up to ~520 s with the installs
-SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-45}
+SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-30}
 # One Triton cache for every step: a precompiled one carried as .triton-cache.tar.xz (made with the device's Triton
 # version, see docs/kernels.md) is unpacked into it when present; the entries counted before and after each step
 # say whether the device's JIT found them (its cache keys include the Triton and ptxas versions).
@@ -37,9 +38,9 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv || true
 spark-bench env --json  # the fingerprint (also stored in run.json)
 
-echo "== 0. precompile (budget 80 s; carried cache entries: $(cache_entries))"
+echo "== 0. precompile (budget 65 s; carried cache entries: $(cache_entries))"
 # the quick sweep's specialisations first (step 1 launches them), then the GPU sweep's
-timeout 80 bash -c 'for q in --quick ""; do spark-bench kernels $q --no-presets --select all --jobs 16 \
+timeout 65 bash -c 'for q in --quick ""; do spark-bench kernels $q --no-presets --select all --jobs 16 \
   --triton-cache "$TRITON_CACHE_DIR" --json > /tmp/precompile$q.json 2> /tmp/precompile.err || true; done'
 echo "precompile exit code: $? ($(tail -n 1 /tmp/precompile.err)); cache entries now: $(cache_entries)"
 timeout 45 python3 tests/gpu/targets.py precompile -- --select all --jobs 16 --triton-cache "$TRITON_CACHE_DIR" --json
@@ -47,7 +48,7 @@ echo "targets' precompile exit code: $?; cache entries now: $(cache_entries)"
 
 echo "== 1. Triton kernels, bf16, on the GPU"
 before=$(cache_entries)
-timeout 80 spark-bench run --device cuda --backend 'triton*' --dtype bf16 --quick --out /tmp/gpu-correct --no-report
+timeout 70 spark-bench run --device cuda --backend 'triton*' --dtype bf16 --quick --out /tmp/gpu-correct --no-report
 echo "correctness exit code: $?; new JIT cache entries (compiled by the JIT, not found): $(( $(cache_entries) - before ))"
 timeout 40 python3 tests/gpu/kernel_metadata.py "$OUT/kernel_metadata.json" results/kernels/offline-quick-sm_90a-triton-3.6.json
 python3 - <<'PY' > "$OUT/triton_bf16_correctness.json"
@@ -67,6 +68,9 @@ python3 tests/gpu/targets.py run /tmp/gpu-targets --budget "$TARGETS_BUDGET_S" -
 python3 tests/gpu/targets.py verdict /tmp/gpu-targets > "$OUT/targets.json"
 python3 -c "import json; [print(t['verdict'], '|', t['target']) for t in json.load(open('$OUT/targets.json'))]"
 
+echo "== 4b. per-kernel device time: chunk prefill stages at 64k (TP1, TP8), MoE experts at T = 16k and 1"
+timeout 40 python3 tests/gpu/profiles.py /tmp/gpu-profiles
+
 echo "== 5. GPU sweep (budget ${SWEEP_BUDGET_S}s; resumable)"
 before=$(cache_entries)
 timeout "$SWEEP_BUDGET_S" spark-bench run --device cuda --max-time 0.3 --out /tmp/gpu-sweep --no-report
@@ -74,5 +78,5 @@ echo "sweep exit code: $? (124 = budget reached; the journal keeps every finishe
      "new JIT cache entries: $(( $(cache_entries) - before ))"
 spark-bench report /tmp/gpu-sweep -o "$OUT/report.html"
 # every run's spec and results (reports can be rebuilt from them here: spark-bench report DIR)
-tar -C /tmp -czf "$OUT/runs.tar.gz" --exclude=logs gpu-sweep gpu-targets gpu-correct 2>/dev/null
+tar -C /tmp -czf "$OUT/runs.tar.gz" --exclude=logs gpu-sweep gpu-targets gpu-correct gpu-profiles 2>/dev/null
 ls -la "$OUT"

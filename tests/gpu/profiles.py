@@ -1,0 +1,50 @@
+"""Per-kernel device time of the multi-kernel ops at the points the issues name (the GPU check's step 4b).
+
+kernel-review.md section 6 item 2 asks for the chunk prefill's stage times (`_chunk_intra`, `_chunk_state`,
+`_chunk_output`) at 64k tokens, TP1 and TP8, and the MoE experts' kernels at T = 16k and 1: whole-op times (step 4)
+say whether a target is met, these say which kernel to work on next. One process (torch and the plugins imported
+once), torch.profiler through `spark-bench profile`'s own code (spark_bench/telemetry/profile.py), each case's table
+printed and its kernels.json / kernels.txt / trace.json written under OUT_DIR/<name>/. A case that fails is printed
+and skipped. `python tests/gpu/profiles.py OUT_DIR [--device cpu --dry]`: --dry only resolves the cases (the test
+suite checks that every axis value here exists).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+KIMI_MOE = ["hidden=2304", "experts=256", "topk=8", "inter=1024", "routing=uniform"]
+KIMI_CHUNK = ["batch=1", "varlen=fixed", "seq_len=65536", "head_dim_k=128", "head_dim_v=128", "fused=True"]
+CASES = {  # name -> (op, backend, --set values): Kimi-Linear, bf16
+    "kda-chunk-64k-tp1": ("kda.chunk_prefill", "triton", KIMI_CHUNK + ["heads=32"]),
+    "kda-chunk-64k-tp8": ("kda.chunk_prefill", "triton", KIMI_CHUNK + ["heads=4"]),
+    "moe-experts-t16k": ("moe.experts", "triton", KIMI_MOE + ["tokens=16384"]),
+    "moe-experts-t1": ("moe.experts", "triton", KIMI_MOE + ["tokens=1"]),
+    "moe-gguf-t1": ("moe.experts_gguf", "triton", KIMI_MOE + ["tokens=1"]),
+}
+
+
+def main(out_dir: str, device: str = "cuda", dry: bool = False) -> int:
+    from spark_bench.telemetry.profile import format_rows, profile_case, resolve_case
+
+    failed = 0
+    for name, (op, backend, sets) in CASES.items():
+        try:
+            if dry:
+                resolve_case(op, backend, sets, "bf16", device)
+                continue
+            summary = profile_case(op, backend, sets=sets, dtype="bf16", device=device, out_dir=f"{out_dir}/{name}",
+                                   iters=5, warmup=2)
+            print(f"-- {name}: {summary['kernel_us_per_call']:.1f} us of {summary['what']} per call", flush=True)
+            print(format_rows(summary["kernels"]), flush=True)
+        except Exception:  # noqa: BLE001 - one case's failure must not cost the others their numbers
+            failed += 1
+            print(f"-- {name}: failed\n{traceback.format_exc(limit=3)}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    device = args[args.index("--device") + 1] if "--device" in args else "cuda"
+    sys.exit(main(args[0], device=device, dry="--dry" in args))
