@@ -264,9 +264,18 @@ class Session:
         return 1 if any(summary[s] for s in results.FAILED) else 0
 
     def _report(self, out: Any) -> None:
+        """Write the run's report.html; when that fails (plotly missing, a bug, a full disk) say so in one line: the
+        sweep's results are kept and its exit code stands."""
+        target = self.store.path / "report.html"
         try:
             from spark_bench.report import write_report
-        except ImportError:
+
+            path = write_report([self.store.path], target)
+        except Exception as exc:  # noqa: BLE001 - after a long sweep, a report is never worth a traceback
+            why = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            hint = " (pip install plotly)" if isinstance(exc, ImportError) else ""
+            console(stderr=True).print(f"report: not written ({why}){hint}; the results are kept in {self.store.path};"
+                                       f" `spark-bench report {self.store.path} -o {target}` writes it",
+                                       markup=False, soft_wrap=True)
             return
-        path = write_report([self.store.path], self.store.path / "report.html")
         out.print(f"report: {path}", markup=False, soft_wrap=True)

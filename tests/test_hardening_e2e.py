@@ -200,3 +200,18 @@ def test_report_path_is_printed_last_and_a_finished_run_keeps_its_end(tmp_path, 
                            capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "0 to run" in again.stdout
     assert json.loads((out / "run.json").read_text())["finished"] == finished
+
+
+def test_a_report_that_cannot_be_written_is_one_line_and_the_results_stand(tmp_path, fault_env):
+    out = tmp_path / "run"
+    first = subprocess.run(spark_bench_cmd("run", "--op", "fault.scale", "--backend", "good", "--quick", "--out",
+                                           out, "--no-report"), env=fault_env, capture_output=True, text=True,
+                           timeout=900)
+    assert first.returncode == 0, first.stderr
+    (out / "report.html").mkdir()  # the report cannot be written there
+    again = subprocess.run(spark_bench_cmd("run", "--resume", out), env=fault_env, capture_output=True, text=True,
+                           timeout=900)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+    line = again.stderr.strip().splitlines()[-1]
+    assert line.startswith("report: not written (IsADirectoryError") and f"kept in {out}" in line
+    assert f"spark-bench report {out} -o {out / 'report.html'}" in line
