@@ -108,7 +108,7 @@ class TuneSession:
         table path): 1 when a default config failed its check or crashed, else 0."""
         from spark_bench.console import SweepProgress, console
         from spark_bench.runner import Runner, pending
-        from spark_bench.session import interrupt_says_what_is_kept
+        from spark_bench.session import estimates, interrupt_says_what_is_kept
 
         start, spent0 = time.monotonic(), float(self.tune.get("spent_s") or 0.0)
         budget = self.tune.get("budget_s")
@@ -131,7 +131,7 @@ class TuneSession:
             round_start = time.monotonic()
             total = sum(len(r) for r in rounds)
             with interrupt_says_what_is_kept(self.store, total, "spark-bench tune --resume"), \
-                    SweepProgress(len(todo), console()) as progress:
+                    SweepProgress(len(todo), console(), expected=estimates(todo)) as progress:
                 Runner(self.store, self.cfg, timeout_s=self.timeout_s, device=self.spec.device,
                        on_phase=progress.phase, on_result=progress.result, executor=executor).run(todo)
             walls.append((time.monotonic() - round_start, len(todo)))
