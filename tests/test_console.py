@@ -92,11 +92,16 @@ def test_a_tune_candidate_is_labelled_with_its_forced_config():
     assert _row(text, "│ triton[BT=32,num_warps=4] ")[4] == "1" and _row(text, "│ triton ")[4] == "2"
 
 
-def _progress(expected=None, total=4):
+def _progress(expected=None, total=4, monkeypatch=None, elapsed=0.0):
+    """A log-mode progress whose clock says `elapsed` seconds have gone by (no wall time in these tests)."""
+    from spark_bench import console as console_module
     from spark_bench.console import SweepProgress
 
     buf = io.StringIO()
-    return SweepProgress(total, Console(file=buf, width=160, force_terminal=False), expected=expected), buf
+    progress = SweepProgress(total, Console(file=buf, width=160, force_terminal=False), expected=expected)
+    if monkeypatch is not None:
+        monkeypatch.setattr(console_module.time, "monotonic", lambda: progress.started + elapsed)
+    return progress, buf
 
 
 def _case(backend, n):
@@ -111,25 +116,22 @@ def _eta(line):
     return int(re.search(r"eta (\d+)s", line).group(1))
 
 
-def test_eta_weighs_the_cases_left_by_their_estimates():
+def test_eta_weighs_the_cases_left_by_their_estimates(monkeypatch):
     cases = [_case("torch", 1), _case("torch", 2), _case("triton", 3)]
     expected = {cases[0].case_id: 1.0, cases[1].case_id: 1.0, cases[2].case_id: 100.0}
-    progress, buf = _progress(expected, total=3)
-    progress.started -= 2.0  # the first 1-second case took 2 s
+    progress, buf = _progress(expected, total=3, monkeypatch=monkeypatch, elapsed=2.0)  # a 1-s case took 2 s
     progress.result(cases[0], {"status": "ok", "timing": None})
-    # 101 s of estimates left, this run twice as slow as estimated (damped): far more than 'one case = 2 s' says
-    assert 101 < _eta(buf.getvalue()) < 202
-    unweighted, buf = _progress(None, total=3)
-    unweighted.started -= 2.0
+    # 101 s of estimates left, this run twice as slow as estimated, damped by 10.2 s: 101 * 12.2 / 11.2
+    assert _eta(buf.getvalue()) == 110
+    unweighted, buf = _progress(None, total=3, monkeypatch=monkeypatch, elapsed=2.0)
     unweighted.result(cases[0], {"status": "ok", "timing": None})
     assert _eta(buf.getvalue()) == 4
 
 
-def test_estimates_of_zero_seconds_fall_back_to_counting_cases():
+def test_estimates_of_zero_seconds_fall_back_to_counting_cases(monkeypatch):
     cases = [_case("vllm", 1), _case("torch", 2)]
-    progress, buf = _progress({c.case_id: 0.0 for c in cases}, total=2)  # e.g. only skipped cases estimated
+    progress, buf = _progress({c.case_id: 0.0 for c in cases}, total=2, monkeypatch=monkeypatch, elapsed=4.0)
     assert progress.eta(5.0) == 0.0
-    progress.started -= 4.0
     progress.result(cases[1], {"status": "ok", "timing": None})
     assert _eta(buf.getvalue()) == 4
     from spark_bench.console import SweepProgress
@@ -140,13 +142,12 @@ def test_estimates_of_zero_seconds_fall_back_to_counting_cases():
     assert live.progress.tasks[0].fields["eta"] == "0s"
 
 
-def test_one_slow_first_case_does_not_multiply_the_whole_eta():
+def test_one_slow_first_case_does_not_multiply_the_whole_eta(monkeypatch):
     cases = [_case("torch_compile", n) for n in range(100)]
-    progress, buf = _progress({c.case_id: 1.0 for c in cases}, total=100)
-    progress.started -= 30.0  # the first graph compiled: 30 s for a case estimated at 1 s
+    # the first graph compiled: 30 s for a case estimated at 1 s
+    progress, buf = _progress({c.case_id: 1.0 for c in cases}, total=100, monkeypatch=monkeypatch, elapsed=30.0)
     progress.result(cases[0], {"status": "ok", "timing": None})
-    eta = _eta(buf.getvalue())
-    assert 99 < eta < 99 * 30 / 4  # slower than estimated, but not 99 more compiles
+    assert _eta(buf.getvalue()) == 360  # 99 * (30 + 10) / (1 + 10): slower than estimated, not 99 more compiles
 
 
 def test_skipped_cases_are_one_line_per_backend_and_reason_before_the_first_case_that_ran():
