@@ -75,6 +75,10 @@ def test_small_percentages_keep_their_significant_digits(tmp_path):
     assert best and float(best.group(1)) > 0.01, summary  # torch_compile at ~0.045% of the BW roof, not 0.0%
     cols = {c["name"]: c for c in data["tables"]["cases"]["columns"]}
     assert "digits" not in cols["roofline_%"] and cols["roofline_%"]["sig"] == 3
+    table = data["tables"]["cases"]
+    names = [c["name"] for c in table["columns"]]
+    roofs = {row[names.index("roof")] for row in table["rows"] if row[names.index("roofline_%")] is not None}
+    assert roofs == {"BW measured"}  # which roof each percentage is of
     assert "digits" not in cols["rel_iqr_%"]
     assert "col.sig" in text  # the page script formats them with toPrecision
 

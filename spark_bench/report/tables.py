@@ -34,6 +34,7 @@ def cases_table(runs: Sequence[RunData], baseline: str) -> dict[str, Any]:
         _col(f"median_{unit}", "median time per call"), _col(f"p10_{unit}"), _col(f"p90_{unit}"),
         _col("rel_iqr_%", "interquartile range / median", sig=3), _col("n", "samples"), _col("timer"),
         _col("GB/s"), _col("TFLOP/s"), _col("roofline_%", "best fraction of a roof (see the summary)", sig=3),
+        _col("roof", "which roof, and whether its peak was measured on this device or taken from the datasheet"),
         _col(f"x_{baseline}", f"speedup over {baseline}", digits=2), _col("err_ratio", "RMS(out-ref)/RMS(ref)"),
         _col("energy_uJ", "energy per call"),
         _col("peak_MB", "peak memory of the case: device bytes on a GPU (max_memory_allocated), else the worker's "
@@ -55,7 +56,7 @@ def cases_table(runs: Sequence[RunData], baseline: str) -> dict[str, Any]:
                 r.get("op"), r.get("backend"), r.get("dtype"), params_text(r.get("params") or {}), r.get("status"),
                 med, number(t.get("p10")), number(t.get("p90")), 100 * iqr / med if iqr is not None and med else None,
                 t.get("n"), t.get("timer"), number(r.get("gbps")), number(r.get("tflops")),
-                pct[0] if pct else None, sp.get(id(r)), number((r.get("check") or {}).get("err_ratio")),
+                *(pct or (None, None)), sp.get(id(r)), number((r.get("check") or {}).get("err_ratio")),
                 energy * 1e6 if energy is not None else None, peak_mb(r), ", ".join(map(str, r.get("labels") or [])),
                 failure_text(r) if r.get("status") != "ok" else (r.get("error") or ""),
             ])
