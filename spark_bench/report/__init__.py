@@ -15,14 +15,21 @@ from spark_bench.report.model import ResultsError, RunData, load_runs
 __all__ = ["CaseDiff", "CompareError", "ResultsError", "RunData", "compare_runs", "load_runs", "write_report"]
 
 
-def write_report(run_dirs: Iterable[str | Path], out_path: str | Path, baseline: str = "torch") -> Path:
+def write_report(run_dirs: Iterable[str | Path], out_path: str | Path, baseline: str = "torch",
+                 ops: tuple[str, ...] = (), backends: tuple[str, ...] = ()) -> Path:
     """Render the runs (the first is the base of any comparison) into one offline HTML file; returns its path.
-    Raises ResultsError (one line) for a missing or malformed run directory."""
+    `ops` / `backends`: only the cases those globs select (ResultsError when they select none). Raises ResultsError
+    (one line) for a missing or malformed run directory."""
     from spark_bench.report.html import render
+    from spark_bench.results import record_matches, select_records
 
     runs = load_runs(run_dirs)
     if not runs:
         raise ResultsError("no run directory given")
+    if ops or backends:
+        select_records([r for run in runs for r in run.results], ops=ops, backends=backends)  # none: one line
+        for run in runs:
+            run.results = [r for r in run.results if record_matches(r, ops=ops, backends=backends)]
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     from spark_bench.results import write_text_atomic

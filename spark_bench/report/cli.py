@@ -32,8 +32,12 @@ def _fail(command: str, message: str) -> None:
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report.html"), show_default=True,
               help="HTML file to write.")
 @click.option("--baseline", default="torch", show_default=True, help="Backend the speedups are relative to.")
-def report(run_dirs: tuple[Path, ...], output: Path, baseline: str) -> None:
-    """Write one self-contained, offline HTML report of RUN_DIR... (two or more runs are compared to the first)."""
+@click.option("--op", "ops", multiple=True, metavar="GLOB", help="Only these ops (globs, repeatable).")
+@click.option("--backend", "backends", multiple=True, metavar="GLOB", help="Only these backends (globs, repeatable).")
+def report(run_dirs: tuple[Path, ...], output: Path, baseline: str, ops: tuple[str, ...],
+           backends: tuple[str, ...]) -> None:
+    """Write one self-contained, offline HTML report of RUN_DIR... (two or more runs are compared to the first), of
+    every case or of the ops and backends selected."""
     try:
         from click.core import ParameterSource
 
@@ -43,7 +47,7 @@ def report(run_dirs: tuple[Path, ...], output: Path, baseline: str) -> None:
             have = sorted({r["backend"] for d in run_dirs for r in load_run(d)[1]})
             if baseline not in have:
                 _fail("report", f"unknown --baseline {baseline!r}; the runs have: {', '.join(have) or '(none)'}")
-        path = write_report(run_dirs, output, baseline=baseline)
+        path = write_report(run_dirs, output, baseline=baseline, ops=ops, backends=backends)
     except (ResultsError, OSError) as exc:
         _fail("report", str(exc))
     click.echo(str(path))
@@ -99,7 +103,7 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
     print_table(terminal(), diffs, metric, thr, base.label, new.label, show_all=show_all)
     if html_out is not None:
         try:
-            click.echo(f"report: {write_report([base_run, new_run], html_out)}")
+            click.echo(f"report: {write_report([base_run, new_run], html_out, ops=ops, backends=backends)}")
         except (ResultsError, OSError) as exc:
             _fail("compare", str(exc))
     # a gate must not pass on what was not measured: cases missing from the new run fail it unless allowed
