@@ -28,13 +28,24 @@ def test_summary_fields_and_ci_shrinks():
     assert rel_ci(large) < rel_ci(small)
 
 
-def test_cpu_timer_measures_a_known_duration():
+def test_cpu_timer_measures_a_known_duration(monkeypatch):
+    import types
+
+    from spark_bench import timing
+
+    clock = {"ns": 0}  # the host clock the timer reads moves only when the call runs: no wall time in the test
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=time.perf_counter,
+                                                              perf_counter_ns=lambda: clock["ns"]))
+
+    def call():
+        clock["ns"] += 4_000_000  # a 4 ms call
+
     cfg = TimingConfig(warmup_s=0.0, min_samples=5, max_samples=8, min_time_s=0.0, max_time_s=5.0,
                        target_rel_ci=0.0, flush=False)
-    rec = measure([lambda: time.sleep(0.004)], "cpu", cfg)
+    rec = measure([call], "cpu", cfg)
     assert rec["timer"] == "cpu-perf_counter" and rec["unit"] == "us"
-    assert rec["stop_reason"] == "max_samples" and rec["n"] == 8
-    assert 4000 <= rec["median"] < 40000
+    assert rec["stop_reason"] == "converged" and rec["n"] == 5  # identical samples: a zero CI at min_samples
+    assert rec["median"] == 4000.0 and rec["min"] == rec["max"]
 
 
 def test_stops_on_time_budget_and_rotates_input_sets():
