@@ -40,16 +40,21 @@ def main() -> None:
 @main.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--device", default=None, help="Judge availability on this device (default: cuda if present, else cpu).")
-def list_cmd(as_json: bool, device: str | None) -> None:
+@click.option("--op", "ops", multiple=True, metavar="GLOB", help="Only these ops (globs, repeatable).")
+def list_cmd(as_json: bool, device: str | None, ops: tuple[str, ...]) -> None:
     """Ops, their axes and backends, and why a backend is unavailable."""
     from spark_bench.registry import registry
 
     device = check_device(device or default_device())
     triton_env.configure(device)
     reg = registry()
+    try:
+        chosen = {op.name: op for op in reg.match(ops)}
+    except KeyError as exc:
+        raise UsageError(exc.args[0]) from None
     from spark_bench.isolate import probe_backends  # a plugin's probe that hangs or crashes costs its own backend
 
-    why = probe_backends([(name, b) for name, op in reg.ops.items() for b in op.backends.values()], device)
+    why = probe_backends([(name, b) for name, op in chosen.items() for b in op.backends.values()], device)
     data = {
         "device": device,
         "ops": {name: {"axes": {a.name: list(a.values) for a in op.axes}, "dtypes": list(op.dtypes),
@@ -58,7 +63,7 @@ def list_cmd(as_json: bool, device: str | None) -> None:
                                              "reason": why[(name, b.name)], "labels": b.labels_for(device),
                                              "default": b.default}
                                     for b in op.backends.values()}}
-                for name, op in sorted(reg.ops.items())},
+                for name, op in sorted(chosen.items())},
         "load_errors": [{"source": e.source, "message": e.message} for e in reg.errors],
     }
     if as_json:
@@ -66,7 +71,9 @@ def list_cmd(as_json: bool, device: str | None) -> None:
         return
     out = console()
     for name, info in data["ops"].items():
-        axes = ", ".join(f"{a}={'/'.join(map(str, v[:6]))}{'…' if len(v) > 6 else ''}" for a, v in info["axes"].items())
+        most = None if ops else 6  # every value of the ops asked for; an overview of all
+        axes = ", ".join(f"{a}={'/'.join(map(str, v[:most]))}{'…' if most and len(v) > most else ''}"
+                         for a, v in info["axes"].items())
         out.print(f"[bold]{escape(name)}[/]  dtypes {'/'.join(info['dtypes'])}  axes {escape(axes)}")
         for bname, b in info["backends"].items():
             mark = "[green]available[/]" if b["available"] else f"[yellow]unavailable[/]: {escape(b['reason'])}"

@@ -20,6 +20,7 @@ from conftest import run_cli
     (["run", "--op", "kda.gate", "--device", "tpu"], "unknown device 'tpu'"),
     (["run", "--bogus"], "No such option"),
     (["show", "/nonexistent/run"], "no such run directory"),
+    (["list", "--op", "nope"], "no op matches 'nope'; choose from kda.block_decode"),
     (["run", "--resume", "/nonexistent/run"], "not a spark-bench run directory"),
 ])
 def test_usage_errors_are_one_line(args, needle):
@@ -44,6 +45,12 @@ def test_list_json_reports_backends_and_reasons():
     assert gate["triton"]["labels"] == ["interpreted"]
     assert not gate["fla"]["available"] and "needs a GPU" in gate["fla"]["reason"]
     assert gate["reference"]["default"] is False
+
+
+def test_list_of_selected_ops_shows_every_axis_value():
+    code, out, _ = run_cli("list", "--op", "moe.al*", "--device", "cpu")
+    assert code == 0 and out.startswith("moe.align ") and "kda." not in out and "moe.experts" not in out
+    assert "tokens=1/2/4/5/6/7/8/16/" in out and "/16384," in out  # not cut after 6 values
 
 
 def test_env_json_has_fingerprint():
