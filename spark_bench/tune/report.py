@@ -15,7 +15,9 @@ def _key(key: dict[str, Any]) -> str:
 
 
 def _us(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
+    from spark_bench.console import fmt_num
+
+    return fmt_num(value, 4)  # 46670, 12.35: as run's tables, never 4.667e+04
 
 
 def entries_table(rows: list[tuple[str, dict[str, Any]]], title: str) -> Table:
