@@ -82,6 +82,22 @@ def small_history(tmp_path):
     return synthetic.write_history(tmp_path / "runs", [f"{i:040x}" for i in range(1, 7)])
 
 
+def test_a_tune_directory_is_not_a_sweep_to_add(tmp_path, small_history):
+    import shutil
+
+    tune = tmp_path / "runs" / "tune-1"  # one point timed under two configs: the same case key twice
+    shutil.copytree(small_history[0], tune)
+    run = json.loads((tune / "run.json").read_text())
+    (tune / "run.json").write_text(json.dumps({**run, "run_id": "tune-1", "kind": "tune"}))
+    lines = [json.loads(line) for line in (tune / "results.jsonl").read_text().splitlines()]
+    twice = lines + [{**r, "case_id": r["case_id"] + "|k:BT=32"} for r in lines]
+    (tune / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in twice))
+    db = tmp_path / "h.db"
+    assert add_runs(db, [tmp_path / "runs"]) == {"added": 6, "replaced": 0, "unchanged": 0}  # left out below
+    with pytest.raises(HistoryError, match="tune-1 is a tune directory"):  # refused when named
+        add_runs(db, [tune])
+
+
 def test_ingest_stores_everything_and_twice_is_a_no_op(tmp_path, small_history):
     db = tmp_path / "h.db"
     assert add_runs(db, small_history) == {"added": 6, "replaced": 0, "unchanged": 0}

@@ -322,15 +322,27 @@ class Ingest:
         return counts
 
 
+def _is_tune(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / RUN_FILE).read_text()).get("kind") == "tune"
+    except (OSError, ValueError, AttributeError):
+        return False  # a broken run.json is load_run's to report
+
+
 def expand_run_dirs(paths: Sequence[Path | str]) -> list[Path]:
-    """Run directories given directly, or found one level below a directory given (such as results/)."""
+    """Run directories given directly, or found one level below a directory given (such as results/). A `tune`
+    directory is not a sweep (its cases are one point timed under many configs): left out when found below, refused
+    when named."""
     out: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if (path / RUN_FILE).is_file():
+            if _is_tune(path):
+                raise HistoryError(f"{path} is a tune directory: its candidates are not a sweep to keep a history of "
+                                   "(`spark-bench tuned show` has what it chose)")
             out.append(path)
         elif path.is_dir():
-            found = sorted(p for p in path.iterdir() if (p / RUN_FILE).is_file())
+            found = sorted(p for p in path.iterdir() if (p / RUN_FILE).is_file() and not _is_tune(p))
             if not found:
                 raise HistoryError(f"{path}: neither a run directory nor a directory of runs (no {RUN_FILE})")
             out.extend(found)
