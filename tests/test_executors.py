@@ -1,6 +1,7 @@
 """Executors: fake CPU "devices" run in parallel and agree with in-process runs; the power-safe scheduling rule;
 retries; --devices parsing; --dry-run's estimate from stored results."""
 
+import dataclasses
 import importlib
 import itertools
 import json
@@ -202,3 +203,17 @@ def test_estimates_read_only_the_newest_run_directories(tmp_path):
         os.utime(path, (1e9 - age, 1e9 - age))
     assert sorted(stored_durations(tmp_path)["c"]) == [2.0, 3.0, 9.0]
     assert sorted(stored_durations(tmp_path, newest=2)["c"]) == [2.0, 3.0]
+
+
+def test_the_plan_ends_with_a_summary_per_op(tmp_path):
+    from spark_bench.executors.plan import print_plan
+
+    cases = [Case("x.big", "b", {"n": n}, "fp32", "cpu", 0) for n in range(3)]
+    cases += [Case("x.small", "b", {"n": 1}, "fp32", "cpu", 0),
+              dataclasses.replace(Case("x.small", "peer", {"n": 1}, "fp32", "cpu", 0), skip="peer not installed")]
+    lines: list[str] = []
+    print_plan(cases, cases, "local", 1, tmp_path, echo=lines.append)
+    at = lines.index("per op:")
+    assert lines[at + 1].split() == ["x.big", "3", "to", "run", "0", "skipped", "~15.0s"]  # 5 s a case, no history
+    assert lines[at + 2].split() == ["x.small", "1", "to", "run", "1", "skipped", "~5.0s"]
+    assert lines[at + 3].startswith("estimate: 20.0s of case time")

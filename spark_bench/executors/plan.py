@@ -131,6 +131,7 @@ def print_plan(cases: Sequence[Case], todo: Sequence[Case], executor_text: str, 
     device = cases[0].device if cases else "?"
     echo(f"spark-bench dry run: {len(cases)} cases on {device}, {len(todo)} to run, executor {executor_text}")
     sources: collections.Counter[str] = collections.Counter()
+    per_op: dict[str, list[float]] = {}  # op -> [cases to run, skipped, seconds]
     total = 0.0
     interpreted = 0
     for case in todo:
@@ -139,9 +140,17 @@ def print_plan(cases: Sequence[Case], todo: Sequence[Case], executor_text: str, 
         seconds, source = estimate(case, stored, nbytes)
         sources[source.partition(":")[0]] += 1
         total += seconds
+        row = per_op.setdefault(case.op, [0, 0, 0.0])
+        row[1 if case.skip else 0] += 1
+        row[2] += seconds
         params = " ".join(f"{k}={v}" for k, v in case.params.items())
         note = f"skipped: {case.skip}" if case.skip else f"~{seconds:.2f}s ({source})"
         echo(f"  {case.op} {case.backend} {params} {case.dtype}  {note}")
+    if len(per_op) > 1:  # a long list's summary where it is read: at its end
+        echo("per op:")
+        width = max(map(len, per_op))
+        for op, (run, skipped, seconds) in sorted(per_op.items(), key=lambda kv: -kv[1][2]):
+            echo(f"  {op:{width}s}  {run:6d} to run  {skipped:5d} skipped  ~{_duration(seconds)}")
     basis = ", ".join(f"{n} from {s}" for s, n in sources.items()) or "nothing to run"
     echo(f"estimate: {_duration(total)} of case time ({basis}; default {DEFAULT_CASE_S:g}s per case without history)")
     if sources.get("reference"):
