@@ -218,3 +218,17 @@ def test_op_and_backend_select_what_is_gated(tmp_path):
     assert res.exit_code == 1 and len(listed) == 8 and all(" kda.gate triton " in line for line in listed)
     res = invoke(a, b, "--op", "quant.*")
     assert res.exit_code == 2 and "no case matches --op quant.*; the run has: kda.gate, moe.experts" in res.output
+
+
+def test_geomean_per_op_and_backend_summarises_the_change(tmp_path):
+    a = fx.standard_run(tmp_path / "a", seed=0)
+    b = fx.standard_run(tmp_path / "b", seed=1, run_id="run-b", scale={"triton": 1.2})
+    res = invoke(a, b)
+    rows = {tuple(c.strip() for c in line.strip("│ ").split("│")[:2]): [c.strip() for c in line.strip("│ ").split("│")]
+            for line in res.output.splitlines() if line.startswith("│ kda.gate") or line.startswith("│ moe.experts")}
+    for op in ("kda.gate", "moe.experts"):
+        _, _, cases, geomean, slower, _ = rows[(op, "triton")]
+        assert cases == "8" and float(geomean.rstrip("x")) == pytest.approx(1.2, abs=0.03) and slower == "8"
+        assert float(rows[(op, "torch")][3].rstrip("x")) == pytest.approx(1.0, abs=0.03)
+    order = [key for key in rows]
+    assert order.index(("kda.gate", "triton")) < order.index(("kda.gate", "torch"))  # worst first

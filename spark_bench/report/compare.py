@@ -249,7 +249,37 @@ def print_table(console: Any, diffs: Sequence[CaseDiff], metric: str, threshold:
         table.add_row(*(Text(c) for c in cells), Text(v.verdict, style=VERDICT_STYLE.get(v.verdict, "")))
     if shown:
         console.print(table)
+    summary = geomean_table(diffs)
+    if summary is not None:
+        console.print(summary)
     hidden = len(rows) - len(shown)
     counts = ", ".join(f"{n} {k}" for k, n in sorted(tally(diffs).items()))
     folded = f" ({hidden} 'same' not listed; --all lists them)" if hidden else ""
     console.print(f"{len(diffs)} matched cases: {counts or 'none'}{folded}", markup=False, highlight=False)
+
+
+def geomean_table(diffs: Sequence[CaseDiff]) -> Any:
+    """Per op and backend, the geometric mean of the new / base time over the cases both runs timed, with its
+    verdict counts: the one-line answer to 'did my change make triton faster on this op'. None without ratios."""
+    from rich.table import Table
+    from rich.text import Text
+
+    groups: dict[tuple[str, str], list[CaseDiff]] = {}
+    for d in diffs:
+        if d.verdict.ratio is not None and d.verdict.ratio > 0:
+            groups.setdefault((d.op, d.backend), []).append(d)
+    if not groups:
+        return None
+    table = Table(title=Text("geomean new / base time per op and backend (< 1: faster)"))
+    for col, justify in (("op", "left"), ("backend", "left"), ("cases", "right"), ("geomean", "right"),
+                         ("slower", "right"), ("faster", "right")):
+        table.add_column(col, justify=justify, no_wrap=True)
+    rows = []
+    for (op, backend), ds in groups.items():
+        mean = math.exp(sum(math.log(d.verdict.ratio) for d in ds) / len(ds))
+        verdicts = [d.verdict.verdict for d in ds]
+        rows.append((mean, op, backend, len(ds), verdicts.count("slower"), verdicts.count("faster")))
+    for mean, op, backend, n, slower, faster in sorted(rows, key=lambda r: (-r[0], r[1], r[2])):  # worst first
+        table.add_row(Text(op), Text(backend), str(n), f"{mean:.3f}x", str(slower), str(faster))
+    return table
+
