@@ -299,22 +299,17 @@ def select_records(records: list[dict[str, Any]], ops: tuple[str, ...] = (), bac
             names = sorted({str(r.get(field)) for r in found})
             raise ResultsError(f"no case matches --{field} {' '.join(globs)}; the run has: {', '.join(names)}")
         found = kept
+    from spark_bench.sweep import parse_set  # run's own --set syntax (sweep imports this module)
+
     for text in sets:
-        axis, sep, values = text.partition("=")
-        wanted = {v.strip() for v in values.split(",") if v.strip()}
-        if not sep or not axis.strip() or not wanted:
-            raise ResultsError(f"malformed --set {text!r}: expected AXIS=V1,V2")
-        axis = axis.strip()
-        seen = sorted({str(r["params"][axis]) for r in found if axis in r.get("params", {})}, key=_natural)
+        axis, values = parse_set(text)
+        seen = {r["params"][axis] for r in found if axis in r.get("params", {})}
         if not seen:
             raise ResultsError(f"no case of the selection has the axis {axis!r}")
-        found = [r for r in found if str(r.get("params", {}).get(axis)) in wanted]
+        found = [r for r in found if str(r.get("params", {}).get(axis)) in values]
         if not found:
-            raise ResultsError(f"no case has {axis} in {{{', '.join(sorted(wanted))}}}; the run has {axis} = "
-                               f"{', '.join(seen)}")
+            numbers_first = sorted(seen, key=lambda v: (isinstance(v, str), str(v) if isinstance(v, str) else v))
+            raise ResultsError(f"no case has {axis} in {{{', '.join(sorted(values))}}}; the run has {axis} = "
+                               f"{', '.join(map(str, numbers_first))}")
     return found
-
-
-def _natural(text: str) -> tuple:
-    return (0, float(text), text) if text.replace(".", "", 1).lstrip("-").isdigit() else (1, 0.0, text)
 

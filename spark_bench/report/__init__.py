@@ -21,15 +21,12 @@ def write_report(run_dirs: Iterable[str | Path], out_path: str | Path, baseline:
     `ops` / `backends`: only the cases those globs select (ResultsError when they select none). Raises ResultsError
     (one line) for a missing or malformed run directory."""
     from spark_bench.report.html import render
-    from spark_bench.results import record_matches, select_records
+    from spark_bench.report.model import select_runs
 
     runs = load_runs(run_dirs)
     if not runs:
         raise ResultsError("no run directory given")
-    if ops or backends:
-        select_records([r for run in runs for r in run.results], ops=ops, backends=backends)  # none: one line
-        for run in runs:
-            run.results = [r for r in run.results if record_matches(r, ops=ops, backends=backends)]
+    select_runs(runs, ops, backends)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     from spark_bench.results import write_text_atomic

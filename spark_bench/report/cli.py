@@ -17,8 +17,7 @@ from spark_bench.report.compare import (
     parse_threshold,
     print_table,
 )
-from spark_bench.report.model import ResultsError, load_runs, params_text
-from spark_bench.results import record_matches, select_records
+from spark_bench.report.model import ResultsError, load_runs, params_text, select_runs
 
 
 def _fail(command: str, message: str) -> None:
@@ -87,10 +86,7 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
     try:
         thr = parse_threshold(threshold)
         base, new = load_runs([base_run, new_run])
-        if ops or backends:  # cases outside the selection are neither compared nor missing
-            select_records(base.results + new.results, ops=ops, backends=backends)  # matches nothing: exit 2
-            for run in (base, new):
-                run.results = [r for r in run.results if record_matches(r, ops=ops, backends=backends)]
+        select_runs([base, new], ops, backends)  # cases outside the selection are neither compared nor missing
         if not allow_different_device:
             check_same_device(base, new)
         if not allow_different_weights:

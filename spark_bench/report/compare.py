@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from spark_bench.report.model import RunData, match_key, natural_key, number, params_text, timing
+from spark_bench.report.model import RunData, geomean, match_key, natural_key, number, params_text, timing
 from spark_bench.stats import median_ci
 
 ALPHA = 0.01
@@ -276,7 +276,7 @@ def geomean_table(diffs: Sequence[CaseDiff]) -> Any:
         table.add_column(col, justify=justify, no_wrap=True)
     rows = []
     for (op, backend), ds in groups.items():
-        mean = math.exp(sum(math.log(d.verdict.ratio) for d in ds) / len(ds))
+        mean = geomean([d.verdict.ratio for d in ds])
         verdicts = [d.verdict.verdict for d in ds]
         rows.append((mean, op, backend, len(ds), verdicts.count("slower"), verdicts.count("faster")))
     for mean, op, backend, n, slower, faster in sorted(rows, key=lambda r: (-r[0], r[1], r[2])):  # worst first

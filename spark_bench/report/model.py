@@ -92,6 +92,17 @@ def params_text(params: dict[str, Any], skip: Iterable[str] = ()) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted((params or {}).items()) if k not in skip) or "-"
 
 
+def select_runs(runs: Sequence[RunData], ops: tuple[str, ...] = (), backends: tuple[str, ...] = ()) -> None:
+    """Keep, in place, only the cases the op and backend globs select (all for none); ResultsError (one line,
+    naming what the runs have) when they select nothing."""
+    from spark_bench.results import record_matches, select_records
+
+    if ops or backends:
+        select_records([r for run in runs for r in run.results], ops=ops, backends=backends)
+        for run in runs:
+            run.results = [r for r in run.results if record_matches(r, ops=ops, backends=backends)]
+
+
 def match_key(r: dict[str, Any]) -> tuple[str, str, str, str]:
     """How a case is recognised in another run: (op, backend, params, dtype); the device is the run's business."""
     return (r.get("op", "?"), r.get("backend", "?"), params_json(r.get("params")), str(r.get("dtype")))
