@@ -20,7 +20,15 @@ def generator(device: str, seed: int) -> torch.Generator:
     return gen
 
 
+def is_meta(device) -> bool:
+    """True for the `meta` device: shapes only. Factories return `torch.empty` there: the kernel gate builds tens of
+    thousands of inputs, and a meta randn * std + mean still runs torch's Python reference kernels (~1 ms each)."""
+    return torch.device(device).type == "meta"
+
+
 def randn(shape, gen: torch.Generator, *, dtype="fp32", device="cpu", std: float = 1.0, mean: float = 0.0):
+    if is_meta(device):
+        return torch.empty(shape, dtype=torch_dtype(dtype), device=device)
     x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
     if std != 1.0:
         x.mul_(std)
@@ -30,6 +38,8 @@ def randn(shape, gen: torch.Generator, *, dtype="fp32", device="cpu", std: float
 
 
 def uniform(shape, gen: torch.Generator, low: float, high: float, *, dtype="fp32", device="cpu"):
+    if is_meta(device):
+        return torch.empty(shape, dtype=torch_dtype(dtype), device=device)
     x = torch.rand(shape, generator=gen, device=device, dtype=torch.float32)
     return (x * (high - low) + low).to(torch_dtype(dtype))
 
@@ -37,6 +47,8 @@ def uniform(shape, gen: torch.Generator, low: float, high: float, *, dtype="fp32
 def log_uniform(shape, gen: torch.Generator, low: float, high: float, *, dtype="fp32", device="cpu"):
     import math
 
+    if is_meta(device):
+        return torch.empty(shape, dtype=torch_dtype(dtype), device=device)
     x = uniform(shape, gen, math.log(low), math.log(high), device=device)
     return x.exp().to(torch_dtype(dtype))
 

@@ -21,7 +21,7 @@ import torch
 
 from spark_bench import Axis
 from spark_bench.dtypes import torch_dtype
-from spark_bench.inputs import generator, randn, uniform
+from spark_bench.inputs import generator, is_meta, randn, uniform
 
 ROUTINGS = ("uniform", "zipf", "worst", "fixed")
 REPLAY_ROUTINGS = ("model", "file")  # with --weights (the layer's router) / --routing FILE (docs/weights.md)
@@ -95,6 +95,8 @@ def _experts_hit(routing: str, T: int, E: int, K: int) -> float:
 def _randn_chunked(shape, gen, std, dtype, device, chunk: int = 8) -> torch.Tensor:
     """randn of `shape` in `dtype`, drawn a few experts at a time to bound the fp32 temporary."""
     out = torch.empty(shape, dtype=torch_dtype(dtype), device=device)
+    if is_meta(device):
+        return out
     for e0 in range(0, shape[0], chunk):
         part = out[e0:e0 + chunk]
         part.copy_(randn(part.shape, gen, device=device, std=std))

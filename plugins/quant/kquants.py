@@ -20,6 +20,8 @@ import dataclasses
 
 import torch
 
+from spark_bench.inputs import is_meta
+
 QK_K = 256
 
 
@@ -172,6 +174,8 @@ def random_blocks(fmt: str, rows: tuple[int, ...] | int, cols: int, gen: torch.G
     rows = (rows,) if isinstance(rows, int) else tuple(rows)
     nb = row_bytes(fmt, cols) // kquant(fmt).block_bytes
     shape = (*rows, nb)
+    if is_meta(device):
+        return torch.empty((*rows, nb * kquant(fmt).block_bytes), dtype=torch.uint8, device=device)
 
     def ints(low, high, *extra):
         return torch.randint(low, high, (*shape, *extra), generator=gen, device=device, dtype=torch.uint8)
