@@ -33,6 +33,15 @@ def estimates(todo: list[Case]) -> dict[str, float]:
         return {}
 
 
+def estimate_note(expected: dict[str, float]) -> str:
+    """' (estimate ~1m 17s of case time, ...)' for the run's first line (the sum `--dry-run` prints); '' without
+    estimates."""
+    from spark_bench.executors.plan import fmt_duration
+
+    total = sum(expected.values())
+    return f" (estimate ~{fmt_duration(total)} of case time, --dry-run has the breakdown)" if total > 0 else ""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM during a sweep, raised as an interrupt so that the run stops as on Ctrl-C (workers retired, the
     journal kept) and says so; exit code 143."""
@@ -237,12 +246,14 @@ class Session:
 
         out = console()
         todo = pending(self.store, self.cases)
-        out.print(f"spark-bench: {len(self.cases)} cases on {self.spec.device}, {len(todo)} to run -> {self.store.path}"
-                  + shapes_note(self.spec, self.cfg), markup=False, soft_wrap=True)  # one line, however long
+        expected = estimates(todo)
+        out.print(f"spark-bench: {len(self.cases)} cases on {self.spec.device}, {len(todo)} to run"
+                  f"{estimate_note(expected)} -> {self.store.path}" + shapes_note(self.spec, self.cfg),
+                  markup=False, soft_wrap=True)  # one line, however long
         tele, _ = RunTelemetry.start(self.store.path, self.spec.device) if self.spec.device.startswith("cuda") \
             else (None, "CPU device")
         timeline = PhaseTimeline(tele)
-        with SweepProgress(len(todo), out, expected=estimates(todo)) as progress, timeline:
+        with SweepProgress(len(todo), out, expected=expected) as progress, timeline:
             roofline = self.store.read_run().get("roofline")
             Runner(self.store, self.cfg, timeout_s=self.timeout_s, device=self.spec.device,
                    on_phase=timeline.wrap(progress.phase), on_result=progress.result, executor=executor,

@@ -118,7 +118,7 @@ def case_estimates(cases: Sequence[Case], results_root: Path) -> dict[str, float
     return {c.case_id: estimate(c, stored, None if c.skip else interpreted_bytes(c))[0] for c in cases}
 
 
-def _duration(seconds: float) -> str:
+def fmt_duration(seconds: float) -> str:
     minutes, s = divmod(round(seconds), 60)
     hours, m = divmod(minutes, 60)
     return f"{hours}h {m:02d}m {s:02d}s" if hours else f"{m}m {s:02d}s" if m else f"{seconds:.1f}s"
@@ -150,9 +150,10 @@ def print_plan(cases: Sequence[Case], todo: Sequence[Case], executor_text: str, 
         echo("per op:")
         width = max(map(len, per_op))
         for op, (run, skipped, seconds) in sorted(per_op.items(), key=lambda kv: -kv[1][2]):
-            echo(f"  {op:{width}s}  {run:6d} to run  {skipped:5d} skipped  ~{_duration(seconds)}")
+            echo(f"  {op:{width}s}  {run:6d} to run  {skipped:5d} skipped  ~{fmt_duration(seconds)}")
     basis = ", ".join(f"{n} from {s}" for s, n in sources.items()) or "nothing to run"
-    echo(f"estimate: {_duration(total)} of case time ({basis}; default {DEFAULT_CASE_S:g}s per case without history)")
+    echo(f"estimate: {fmt_duration(total)} of case time ({basis}; default {DEFAULT_CASE_S:g}s per case without "
+         "history)")
     if sources.get("reference"):
         echo(f"reference: {SOURCE} (no results of this machine's own under {results_root} for those cases)")
     if interpreted:
@@ -161,7 +162,7 @@ def print_plan(cases: Sequence[Case], todo: Sequence[Case], executor_text: str, 
              "KB/s without history); model-size points can take minutes per call")
     wall = total / (workers or 1)
     if workers and workers > 1:
-        echo(f"estimated wall time on {workers} workers: {_duration(wall)}")
+        echo(f"estimated wall time on {workers} workers: {fmt_duration(wall)}")
     elif workers is None:
         echo("estimated wall time: the case time divided by the number of GPUs of the Ray cluster")
     return wall
