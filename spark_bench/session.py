@@ -6,6 +6,7 @@ list from them and runs only what the journal lacks.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import signal
@@ -21,25 +22,28 @@ from spark_bench.telemetry import RunTelemetry, percent_of_peak
 from spark_bench.timing import TimingConfig
 
 
-def estimates(todo: list[Case]) -> dict[str, float]:
-    """Each case's estimated seconds for the progress's ETA (executors/plan.py, as `--dry-run`); {} on any error: an
-    ETA is never worth failing a sweep for."""
+def estimates(todo: list[Case], sources: collections.Counter[str] | None = None) -> dict[str, float]:
+    """Each case's estimated seconds for the progress's ETA (executors/plan.py, as `--dry-run`; `sources` counts their
+    origins); {} on any error: an ETA is never worth failing a sweep for."""
     from spark_bench.executors.plan import case_estimates
     from spark_bench.options import RESULTS_ROOT
 
     try:
-        return case_estimates(todo, RESULTS_ROOT)
+        return case_estimates(todo, RESULTS_ROOT, sources)
     except Exception:  # noqa: BLE001 - a broken plugin cost model or an unreadable results tree
         return {}
 
 
-def estimate_note(expected: dict[str, float]) -> str:
-    """' (estimate ~1m 17s of case time, ...)' for the run's first line (the sum `--dry-run` prints); '' without
-    estimates."""
-    from spark_bench.executors.plan import fmt_duration
+def estimate_note(expected: dict[str, float], sources: collections.Counter[str]) -> str:
+    """The estimate in the run's first line: ' (estimate ~1m 17s of case time, ...)', the sum `--dry-run` prints,
+    with how many cases it guessed at the flat default; a different note when it knows no case at all."""
+    from spark_bench.executors.plan import DEFAULT_CASE_S, fmt_duration
 
-    total = sum(expected.values())
-    return f" (estimate ~{fmt_duration(total)} of case time, --dry-run has the breakdown)" if total > 0 else ""
+    guessed, known = sources["default"], sum(n for k, n in sources.items() if k not in ("default", "skipped"))
+    if not known:
+        return " (no stored durations for these cases to estimate from: the ETA learns as they run)" if guessed else ""
+    flat = f", {guessed} of them guessed at {DEFAULT_CASE_S:g}s each" if guessed else ""
+    return f" (estimate ~{fmt_duration(sum(expected.values()))} of case time{flat}; --dry-run has the breakdown)"
 
 
 class Terminated(KeyboardInterrupt):
@@ -246,9 +250,10 @@ class Session:
 
         out = console()
         todo = pending(self.store, self.cases)
-        expected = estimates(todo)
+        sources: collections.Counter[str] = collections.Counter()
+        expected = estimates(todo, sources)
         out.print(f"spark-bench: {len(self.cases)} cases on {self.spec.device}, {len(todo)} to run"
-                  f"{estimate_note(expected)} -> {self.store.path}" + shapes_note(self.spec, self.cfg),
+                  f"{estimate_note(expected, sources)} -> {self.store.path}" + shapes_note(self.spec, self.cfg),
                   markup=False, soft_wrap=True)  # one line, however long
         tele, _ = RunTelemetry.start(self.store.path, self.spec.device) if self.spec.device.startswith("cuda") \
             else (None, "CPU device")

@@ -191,7 +191,7 @@ def test_dry_run_estimates_from_stored_results(tmp_path, monkeypatch, fault_proc
     result = CliRunner().invoke(cli.main, ["run", "--op", "fault.scale", "--backend", "good", "--device", "cpu",
                                            "--quick", "--no-report", "--out", str(tmp_path / "new")])
     assert result.exit_code == 0, result.output
-    assert "2 to run (estimate ~4.0s of case time, --dry-run has the breakdown) -> " in result.output.splitlines()[0]
+    assert "2 to run (estimate ~4.0s of case time; --dry-run has the breakdown) -> " in result.output.splitlines()[0]
 
 
 def test_estimates_read_only_the_newest_run_directories(tmp_path):
@@ -222,3 +222,19 @@ def test_the_plan_ends_with_a_summary_per_op(tmp_path):
     assert lines[at + 1].split() == ["x.big", "3", "to", "run", "0", "skipped", "~15.0s"]  # 5 s a case, no history
     assert lines[at + 2].split() == ["x.small", "1", "to", "run", "1", "skipped", "~5.0s"]
     assert lines[at + 3].startswith("estimate: 20.0s of case time")
+
+
+def test_the_first_line_estimate_says_what_it_guessed():
+    """On a machine without stored durations (a fresh GPU box) a flat 5 s per case would announce hours of sweep:
+    the run's first line says it has nothing to estimate from; mixed, it counts the guessed cases."""
+    from collections import Counter
+
+    from spark_bench.session import estimate_note
+
+    assert estimate_note({"a": 5.0, "b": 5.0}, Counter(default=2)) == \
+        " (no stored durations for these cases to estimate from: the ETA learns as they run)"
+    assert estimate_note({"a": 5.0, "b": 70.0}, Counter(default=1, case=1)) == \
+        " (estimate ~1m 15s of case time, 1 of them guessed at 5s each; --dry-run has the breakdown)"
+    assert estimate_note({"a": 2.0, "b": 0.0}, Counter(reference=1, skipped=1)) == \
+        " (estimate ~2.0s of case time; --dry-run has the breakdown)"
+    assert estimate_note({"b": 0.0}, Counter(skipped=1)) == ""

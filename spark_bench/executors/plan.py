@@ -112,10 +112,17 @@ def interpreted_bytes(case: Case) -> float | None:
         return None
 
 
-def case_estimates(cases: Sequence[Case], results_root: Path) -> dict[str, float]:
-    """Each case's estimated seconds (case_id -> s), as `--dry-run` prints them: the weights of a sweep's ETA."""
+def case_estimates(cases: Sequence[Case], results_root: Path,
+                   sources: collections.Counter[str] | None = None) -> dict[str, float]:
+    """Each case's estimated seconds (case_id -> s), as `--dry-run` prints them: the weights of a sweep's ETA.
+    `sources` (optional) counts where they came from (case, op+backend, reference, default, skipped, ...)."""
     stored = stored_durations(results_root)
-    return {c.case_id: estimate(c, stored, None if c.skip else interpreted_bytes(c))[0] for c in cases}
+    found = {}
+    for c in cases:
+        found[c.case_id], source = estimate(c, stored, None if c.skip else interpreted_bytes(c))
+        if sources is not None:
+            sources[source.partition(":")[0]] += 1
+    return found
 
 
 def fmt_duration(seconds: float) -> str:
