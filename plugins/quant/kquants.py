@@ -175,7 +175,7 @@ def random_blocks(fmt: str, rows: tuple[int, ...] | int, cols: int, gen: torch.G
     nb = row_bytes(fmt, cols) // kquant(fmt).block_bytes
     shape = (*rows, nb)
     if is_meta(device):
-        return torch.empty((*rows, nb * kquant(fmt).block_bytes), dtype=torch.uint8, device=device)
+        return torch.empty((*rows, row_bytes(fmt, cols)), dtype=torch.uint8, device=device)
 
     def ints(low, high, *extra):
         return torch.randint(low, high, (*shape, *extra), generator=gen, device=device, dtype=torch.uint8)
