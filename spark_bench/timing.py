@@ -13,12 +13,14 @@ Timers (each result records which one produced it):
 so in `notes`) when the call cannot be captured.
 
 Stopping: after `warmup_s` of calls, sample until the median's 95% CI half-width is under `target_rel_ci` of the median
-with at least `min_samples` samples and `min_time_s` elapsed, or until `max_time_s` / `max_samples` (recorded as
-`stop_reason`; `converged` says whether the final CI met the target, whatever stopped the sampling).
+with at least `min_samples` (and 6: below that the "CI" is the range, a 75% one at 3 samples) samples and `min_time_s`
+elapsed, or until `max_time_s` / `max_samples` (recorded as `stop_reason`; `converged` says whether the final CI met
+the target with those samples, whatever stopped the sampling; `ci_level` is the CI's exact coverage).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import glob
@@ -29,7 +31,7 @@ from typing import Any
 
 import torch
 
-from spark_bench.stats import rel_ci, summarize
+from spark_bench.stats import MIN_CI_SAMPLES, rel_ci, summarize
 
 Call = Callable[[], Any]
 GRAPH_BELOW_US = 50.0
@@ -119,7 +121,8 @@ class _Stopper:
     def __init__(self, cfg: TimingConfig) -> None:
         self.cfg = cfg
         self.start = time.perf_counter()
-        self.next_ci_check = max(cfg.min_samples, 2)
+        # the CI is a 95% one from MIN_CI_SAMPLES on (below, the range: 75% at 3 samples), so no earlier convergence
+        self.next_ci_check = max(cfg.min_samples, MIN_CI_SAMPLES)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -152,7 +155,8 @@ def _warmup(call_at: Callable[[int], Any], seconds: float, sync: Call) -> int:
 def _record(samples_us: list[float], stop: str, timer: str, cfg: TimingConfig, warmup_s: float, measure_s: float,
             **extra: Any) -> dict[str, Any]:
     stats = summarize(samples_us)
-    converged = stop == "converged" or (stats["rel_ci"] is not None and stats["rel_ci"] <= cfg.target_rel_ci)
+    converged = stop == "converged" or (stats["rel_ci"] is not None and stats["rel_ci"] <= cfg.target_rel_ci
+                                        and stats["n"] >= max(cfg.min_samples, MIN_CI_SAMPLES))
     return {"timer": timer, "unit": "us", **stats, "samples": [round(s, 4) for s in samples_us],
             "converged": converged, "stop_reason": stop, "warmup_s": round(warmup_s, 4),
             "measure_s": round(measure_s, 4), "l2_flush": cfg.flush, **extra}
@@ -251,9 +255,20 @@ def time_cuda_graph(calls: Sequence[Call], cfg: TimingConfig, device: str, estim
 
 
 def measure(calls: Sequence[Call], device: str, cfg: TimingConfig) -> dict[str, Any]:
-    """Time `calls` (one zero-arg callable per rotating input set) on `device`; returns the `timing` record."""
+    """Time `calls` (one zero-arg callable per rotating input set) on `device`; returns the `timing` record. On CUDA
+    the events, streams and synchronisation are `device`'s whatever the current device is (`cuda:1` from pytest)."""
     if not device.startswith("cuda"):
         return time_cpu(calls, cfg)
+    with on_device(device):
+        return _measure_cuda(calls, device, cfg)
+
+
+def on_device(device: str) -> contextlib.AbstractContextManager[Any]:
+    """Make `device` the current CUDA device (streams, events and `synchronize()` follow it); nothing on a CPU."""
+    return torch.cuda.device(torch.device(device)) if device.startswith("cuda") else contextlib.nullcontext()
+
+
+def _measure_cuda(calls: Sequence[Call], device: str, cfg: TimingConfig) -> dict[str, Any]:
     torch.cuda.synchronize()
     mode, notes = cfg.mode, []
     if mode == "auto":

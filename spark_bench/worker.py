@@ -23,7 +23,7 @@ from typing import Any
 
 from spark_bench import results, triton_env
 from spark_bench.sweep import Case
-from spark_bench.timing import TimingConfig
+from spark_bench.timing import TimingConfig, on_device
 
 ENERGY_ENV = "SPARK_BENCH_ENERGY"
 OOM_MARKERS = ("out of memory", "not enough memory", "cannot allocate memory", "outofmemoryerror")
@@ -103,7 +103,8 @@ class CaseRunner:
             from spark_bench.tune.space import applied
             from spark_bench.weights import using  # --weights: the ops build their inputs from the file's layer
 
-            with using(case.weights), applied(case.configs, self._table(case.tuned)):
+            # on_device: in-process callers (pytest --spark-device cuda:1) may have another GPU current
+            with using(case.weights), applied(case.configs, self._table(case.tuned)), on_device(case.device):
                 self._run(case, cfg, n_sets, record)
         except BaseException as exc:  # noqa: BLE001 - every failure of a case is recorded, never raised
             if isinstance(exc, KeyboardInterrupt):

@@ -25,6 +25,8 @@ class FakeDevice:
         self.clock_us = 0.0
         self.capturing: list | None = None  # the kernels of the graph being captured
         self.launched = 0
+        self.current = 0  # torch.cuda.current_device()
+        self.recorded_on: set[int] = set()  # the current device whenever an event was recorded
 
     def kernel(self, us: float, fail_in_capture: bool = False):
         def launch() -> None:
@@ -47,6 +49,7 @@ class FakeDevice:
             def record(self) -> None:
                 assert device.capturing is None, "an event recorded inside a capture"
                 self.t = device.clock_us
+                device.recorded_on.add(device.current)
 
             def synchronize(self) -> None:
                 pass
@@ -74,9 +77,17 @@ class FakeDevice:
             def wait_stream(self, other: Stream) -> None:
                 pass
 
+        @contextlib.contextmanager
+        def current(d: torch.device):
+            before, device.current = device.current, d.index
+            try:
+                yield
+            finally:
+                device.current = before
+
         for name, value in {"Event": Event, "CUDAGraph": CUDAGraph, "graph": graph, "Stream": Stream,
                             "current_stream": Stream, "stream": lambda s: contextlib.nullcontext(),
-                            "synchronize": lambda *a: None}.items():
+                            "synchronize": lambda *a: None, "device": current}.items():
             monkeypatch.setattr(torch.cuda, name, value, raising=False)
         monkeypatch.setattr(timing, "flusher", lambda dev, enabled: self.kernel(flush_us) if enabled else
                             (lambda: None))
@@ -132,6 +143,13 @@ def test_a_call_that_cannot_be_captured_is_timed_with_events_and_says_so(gpu):
     assert rec["timer"] == "cuda-event" and rec["median"] == pytest.approx(4.0)
     assert rec["notes"] == ["graph capture failed, timed with events: RuntimeError: operation not permitted when "
                             "stream is capturing"]
+
+
+@pytest.mark.parametrize("mode", ["events", "auto"])
+def test_the_timed_device_is_current_while_timing(gpu, mode):
+    """pytest --spark-device cuda:1 runs in a process whose current device is 0: the events must be cuda:1's."""
+    rec = timing.measure([gpu.kernel(5.0)], "cuda:1", dataclasses.replace(CFG, mode=mode))
+    assert rec["median"] == pytest.approx(5.0) and gpu.recorded_on == {1} and gpu.current == 0
 
 
 def test_forced_modes_and_the_sample_cap(gpu):

@@ -1,10 +1,12 @@
 import time
+import types
 
 import numpy as np
 import pytest
 import torch
 
-from spark_bench.stats import median_ci, rel_ci, summarize
+from spark_bench import timing
+from spark_bench.stats import median_ci, median_ci_coverage, rel_ci, summarize
 from spark_bench.timing import TimingConfig, measure
 
 
@@ -19,6 +21,16 @@ def test_median_ci_covers_true_median(seed):
     assert 0.9 <= hits / 200 <= 1.0
 
 
+@pytest.mark.parametrize("n", [2, 3, 5, 6, 9, 41])
+def test_stored_ci_level_is_the_ci_coverage(n):
+    """The CI's stated level against a simulation: the range of 3 samples covers the median 75% of the time."""
+    rng = np.random.default_rng(n)
+    trials = np.sort(rng.exponential(1.0, (20000, n)), axis=1)  # median ln 2
+    hits = np.mean([lo <= np.log(2) <= hi for lo, hi in map(median_ci, trials)])
+    assert abs(hits - median_ci_coverage(n)) < 0.015
+    assert summarize(trials[0])["ci_level"] == median_ci_coverage(n)
+
+
 def test_summary_fields_and_ci_shrinks():
     rng = np.random.default_rng(0)
     small, large = rng.normal(100, 5, 20), rng.normal(100, 5, 2000)
@@ -29,10 +41,6 @@ def test_summary_fields_and_ci_shrinks():
 
 
 def test_cpu_timer_measures_a_known_duration(monkeypatch):
-    import types
-
-    from spark_bench import timing
-
     clock = {"ns": 0}  # the host clock the timer reads moves only when the call runs: no wall time in the test
     monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=time.perf_counter,
                                                               perf_counter_ns=lambda: clock["ns"]))
@@ -44,8 +52,23 @@ def test_cpu_timer_measures_a_known_duration(monkeypatch):
                        target_rel_ci=0.0, flush=False)
     rec = measure([call], "cpu", cfg)
     assert rec["timer"] == "cpu-perf_counter" and rec["unit"] == "us"
-    assert rec["stop_reason"] == "converged" and rec["n"] == 5  # identical samples: a zero CI at min_samples
+    # identical samples: a zero CI, but no earlier than 6 samples, where the CI first is a 95% one (min_samples 5)
+    assert rec["stop_reason"] == "converged" and rec["n"] == 6 and rec["ci_level"] >= 0.95
     assert rec["median"] == 4000.0 and rec["min"] == rec["max"]
+
+
+def test_few_samples_are_never_called_converged(monkeypatch):
+    """A call that outlasts the budget stops after 2 samples: their range is a 50% CI, however narrow."""
+    clock = {"ns": 0}
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: clock["ns"] / 1e9,
+                                                              perf_counter_ns=lambda: clock["ns"]))
+
+    def call():
+        clock["ns"] += 300_000_000  # 0.3 s, always the same
+
+    rec = measure([call], "cpu", TimingConfig.quick())  # min_samples 3, max_time 0.5 s
+    assert rec["stop_reason"] == "max_time" and rec["n"] == 2 and rec["rel_ci"] == 0.0
+    assert rec["converged"] is False and rec["ci_level"] == 0.5
 
 
 def test_stops_on_time_budget_and_rotates_input_sets():
@@ -54,7 +77,7 @@ def test_stops_on_time_budget_and_rotates_input_sets():
     cfg = TimingConfig(warmup_s=0.0, min_samples=10**6, max_samples=10**6, max_time_s=0.05, target_rel_ci=0.0,
                        flush=False)
     rec = measure(calls, "cpu", cfg)
-    assert rec["stop_reason"] == "max_time" and rec["converged"] == (rec["rel_ci"] <= 0.0)
+    assert rec["stop_reason"] == "max_time" and rec["converged"] is False  # fewer samples than min_samples
     assert set(seen) == {0, 1, 2}
 
 

@@ -98,7 +98,7 @@ def _sync(device: str) -> None:
     if device.startswith("cuda"):
         import torch
 
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(torch.device(device))  # the tensors' device, not the current one
 
 
 def _dtype_name(tensor: Any) -> str | None:
