@@ -31,12 +31,26 @@ def timing(samples) -> dict:
 
 # --- statistics ------------------------------------------------------------------------------------------------------
 def test_mann_whitney_by_hand():
-    # U of a = 0; mean 4.5, variance 3*3*7/12 = 5.25; z = (4.5 - 0.5) / sqrt(5.25)
+    # no ties, 6 samples: exact. U of a = 0 is 1 of the C(6, 3) = 20 orderings, two-sided: p = 2/20
     u, p = mann_whitney([1, 2, 3], [4, 5, 6])
-    assert u == 0
-    assert p == pytest.approx(math.erfc(4.0 / math.sqrt(5.25) / math.sqrt(2)), rel=1e-12)
+    assert u == 0 and p == pytest.approx(0.1, rel=1e-12)
     assert mann_whitney([4, 5, 6], [1, 2, 3]) == (9, p)  # U of a and U of b sum to n1*n2
+    assert mann_whitney(range(5), range(5, 10))[1] == pytest.approx(2 / 252, rel=1e-12)  # 5 vs 5: C(10, 5) = 252
+    # U = 1 of 3 vs 3: the orderings with U <= 1 are 2 of 20, so p = 2 * 2/20
+    assert mann_whitney([1, 2, 4], [3, 5, 6])[1] == pytest.approx(0.2, rel=1e-12)
+    # a tie: the normal approximation. U of a = 0.5; mean 4.5, variance 3*3/12 * (7 - 6/30); z = (4 - 0.5) / sd
+    u, p = mann_whitney([1, 2, 3], [3, 5, 6])
+    assert u == 0.5 and p == pytest.approx(math.erfc(3.5 / math.sqrt(0.75 * 6.8) / math.sqrt(2)), rel=1e-12)
     assert mann_whitney([2.0] * 5, [2.0] * 7)[1] == 1.0  # all tied: no evidence at all
+
+
+@pytest.mark.parametrize("n1,n2", [(3, 3), (4, 9), (7, 7), (12, 17), (20, 20)])
+def test_exact_mann_whitney_matches_scipy(n1, n2):
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(n1 * 100 + n2)
+    a, b = rng.normal(10, 1, n1), rng.normal(10.8, 1, n2)
+    ref = stats.mannwhitneyu(a, b, alternative="two-sided", method="exact")
+    assert mann_whitney(a, b) == (pytest.approx(ref.statistic), pytest.approx(ref.pvalue, rel=1e-9))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -97,6 +111,24 @@ def test_wide_spread_is_noisy_not_slower():
     v = timing_verdict(base, new, threshold=0.05)
     assert rel_iqr(new["samples"]) > 0.2
     assert v.verdict == "noisy" and "reaches past" in v.note
+
+
+def test_few_samples_decide_only_when_every_sample_agrees():
+    """3 vs 3 cannot reach p < 0.01 (exact p >= 0.1); a 2x step with no overlap is still a regression."""
+    base = timing([10.0, 10.1, 10.2])
+    slower = timing_verdict(base, timing([20.0, 20.1, 20.2]), threshold=0.05)
+    assert slower.verdict == "slower" and slower.p_value == pytest.approx(0.1) and "every new sample" in slower.note
+    assert timing_verdict(base, timing([5.0, 5.1, 5.2]), threshold=0.05).verdict == "faster"
+    # separated, but the gap between the closest samples is under the threshold: the samples cannot tell
+    assert timing_verdict(base, timing([10.4, 11.0, 11.5]), threshold=0.05).verdict == "noisy"
+    assert timing_verdict(base, timing([9.0, 10.15, 30.0]), threshold=0.05).verdict == "noisy"  # overlapping
+
+
+@pytest.mark.parametrize("a,b", [([10.0], [10.6]), ([10.0, 10.1], [10.8, 10.9]), ([10.0] * 40, [20.0, 20.5])])
+def test_fewer_than_three_samples_are_noisy(a, b):
+    """1 or 2 samples carry no spread: their range is no CI (50% at 2), so no verdict, whatever the ratio."""
+    v = timing_verdict(timing(a), timing(b), threshold=0.05)
+    assert v.verdict == "noisy" and v.p_value is None and "too few samples" in v.note
 
 
 def test_without_raw_samples_the_stored_cis_decide():
@@ -204,6 +236,19 @@ def test_html_writes_the_comparison_report(tmp_path):
     assert "faster" in res.output
     text = out.read_text()
     assert 'id="compare"' in text and "9b8c7d6e vs 3f2a1c9d" in text
+    assert "verdicts on the min" in text and "±5% minimum effect" in text
+
+
+def test_html_verdicts_use_the_gates_threshold(tmp_path):
+    """The page and the exit code give the same verdicts: a 20% speedup is `same` under a 30% threshold."""
+    a = fx.standard_run(tmp_path / "a", seed=0)
+    b = fx.standard_run(tmp_path / "b", seed=1, run_id="run-b", commit="9b8c7d6e5f", scale={"torch": 0.8})
+    out = tmp_path / "cmp.html"
+    for threshold, faster in (("30%", False), ("5%", True)):
+        assert invoke(a, b, "--html", out, "--threshold", threshold).exit_code == 0
+        text = out.read_text()
+        assert f"±{threshold} minimum effect" in text
+        assert ('"faster"' in text.split('"comparison"', 1)[1]) is faster
 
 
 def test_op_and_backend_select_what_is_gated(tmp_path):

@@ -16,11 +16,13 @@ __all__ = ["CaseDiff", "CompareError", "ResultsError", "RunData", "compare_runs"
 
 
 def write_report(run_dirs: Iterable[str | Path], out_path: str | Path, baseline: str = "torch",
-                 ops: tuple[str, ...] = (), backends: tuple[str, ...] = ()) -> Path:
+                 ops: tuple[str, ...] = (), backends: tuple[str, ...] = (), threshold: float | None = None,
+                 metric: str = "median") -> Path:
     """Render the runs (the first is the base of any comparison) into one offline HTML file; returns its path.
-    `ops` / `backends`: only the cases those globs select (ResultsError when they select none). Raises ResultsError
+    `ops` / `backends`: only the cases those globs select (ResultsError when they select none); `threshold` (default
+    5%) and `metric`: the comparison's verdicts, as `compare` gives them. Raises ResultsError
     (one line) for a missing or malformed run directory."""
-    from spark_bench.report.html import render
+    from spark_bench.report.html import COMPARE_THRESHOLD, render
     from spark_bench.report.model import select_runs
 
     runs = load_runs(run_dirs)
@@ -31,5 +33,6 @@ def write_report(run_dirs: Iterable[str | Path], out_path: str | Path, baseline:
     out.parent.mkdir(parents=True, exist_ok=True)
     from spark_bench.results import write_text_atomic
 
-    write_text_atomic(out, render(runs, baseline))  # a failed write (disk full) leaves no partial file
+    page = render(runs, baseline, COMPARE_THRESHOLD if threshold is None else threshold, metric)
+    write_text_atomic(out, page)  # a failed write (disk full) leaves no partial file
     return out

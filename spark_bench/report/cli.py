@@ -99,7 +99,8 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
     print_table(terminal(), diffs, metric, thr, base.label, new.label, show_all=show_all)
     if html_out is not None:
         try:
-            click.echo(f"report: {write_report([base_run, new_run], html_out, ops=ops, backends=backends)}")
+            page = write_report([base_run, new_run], html_out, ops=ops, backends=backends, threshold=thr, metric=metric)
+            click.echo(f"report: {page}")
         except (ResultsError, OSError) as exc:
             _fail("compare", str(exc))
     # a gate must not pass on what was not measured: cases missing from the new run fail it unless allowed

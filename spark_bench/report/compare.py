@@ -1,9 +1,12 @@
 """Two runs side by side: match cases by (op, backend, params, dtype) and give each a robust verdict.
 
-A case is `slower`/`faster` only when BOTH hold: the raw samples differ (two-sided Mann-Whitney U, normal approximation
-with tie correction, p < alpha) AND the metric moved by more than the threshold. It is `same` when the change is below
-the threshold with confidence (the ratio's 95% CI lies inside ±threshold, or the shift is significant but small), and
-`noisy` when the samples cannot tell (the ratio's CI reaches past the threshold without a significant test).
+A case is `slower`/`faster` only when BOTH hold: the raw samples differ (two-sided Mann-Whitney U: exact without ties
+up to 40 samples in all, else the normal approximation with tie correction; p < alpha) AND the metric moved by more
+than the threshold. It is `same` when the change is below the threshold with confidence (the ratio's 95% CI lies inside
+±threshold, or the shift is significant but small), and `noisy` when the samples cannot tell (the ratio's CI reaches
+past the threshold without a significant test). Few samples (3 to 5 a side: no U test reaches p < 0.01) still give
+`slower`/`faster` when every new sample is beyond every base sample by more than the threshold; fewer than 3 samples
+on a side are always `noisy`.
 Correctness changes have their own verdicts: `broken` (ok before, failing now: a regression), `fixed`, `failing`,
 plus `missing` (only in the base run) and `new` (only in the new run).
 """
@@ -11,6 +14,7 @@ plus `missing` (only in the base run) and `new` (only in the new run).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -32,8 +36,29 @@ class CompareError(Exception):
 
 
 # --- statistics ------------------------------------------------------------------------------------------------------
+EXACT_MAX_N = 40
+
+
+@functools.cache  # at most EXACT_MAX_N^2 / 4 pairs, each a few ms
+def _u_counts(n1: int, n2: int) -> tuple[int, ...]:
+    """How many of the C(n1 + n2, n1) orderings give each U = 0 .. n1*n2 (the Gaussian binomial's coefficients)."""
+    counts = [[1] + [0] * (n1 * n2) for _ in range(n1 + 1)]  # counts[i][u]: orderings of i x's and j y's, built on j
+    for j in range(1, n2 + 1):
+        for i in range(1, n1 + 1):  # the last element is a y (U unchanged) or an x (U grows by j)
+            counts[i] = [counts[i][u] + (counts[i - 1][u - j] if u >= j else 0) for u in range(n1 * n2 + 1)]
+    return tuple(counts[n1])
+
+
+def _exact_p(u1: float, n1: int, n2: int) -> float:
+    counts = _u_counts(n1, n2)
+    u = round(u1)
+    low, high = sum(counts[: u + 1]), sum(counts[u:])
+    return min(1.0, 2.0 * min(low, high) / sum(counts))
+
+
 def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
-    """Two-sided Mann-Whitney U test: (U of `a`, p) by the normal approximation with tie and continuity correction."""
+    """Two-sided Mann-Whitney U test: (U of `a`, p), exact when there are no ties and at most EXACT_MAX_N samples in
+    all (3 vs 3 can reach no lower than p = 0.1), else the normal approximation with tie and continuity correction."""
     x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     n1, n2 = len(x), len(y)
     if n1 == 0 or n2 == 0:
@@ -48,6 +73,8 @@ def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
         ranks = (sums / counts)[inverse]
     u1 = float(ranks[:n1].sum() - n1 * (n1 + 1) / 2.0)
     n = n1 + n2
+    if len(uniq) == n and n <= EXACT_MAX_N:
+        return u1, _exact_p(u1, n1, n2)
     tie_term = float((counts**3 - counts).sum()) / (n * (n - 1)) if n > 1 else 0.0
     var = n1 * n2 / 12.0 * ((n + 1) - tie_term)
     if var <= 0:
@@ -87,6 +114,8 @@ def timing_verdict(base: dict[str, Any], new: dict[str, Any], threshold: float, 
     a, b = base.get("samples") or [], new.get("samples") or []
     if a and sorted(a) == sorted(b) and ratio == 1.0:  # the very same measurement (a run compared with itself)
         return Verdict("same", 1.0, 1.0, 1.0, 1.0, "identical samples")
+    if (a or b) and min(len(a), len(b)) < 3:
+        return Verdict("noisy", ratio, p_value=None, note=f"too few samples to compare ({len(a)} vs {len(b)})")
     if len(a) >= 3 and len(b) >= 3:
         _, p = mann_whitney(a, b)
         ci_a, ci_b = median_ci(np.sort(np.asarray(a, float))), median_ci(np.sort(np.asarray(b, float)))
@@ -99,8 +128,11 @@ def timing_verdict(base: dict[str, Any], new: dict[str, Any], threshold: float, 
     half = math.hypot(_log_halfwidth(*ci_a), _log_halfwidth(*ci_b))
     lo, hi = (ratio * math.exp(-half), ratio * math.exp(half)) if math.isfinite(half) else (0.0, math.inf)
     v = Verdict("noisy", ratio, lo, hi, p, note)
-    if p < alpha and abs(ratio - 1.0) > threshold:
+    separated = a and b and (min(b) > max(a) * (1.0 + threshold) or max(b) < min(a) * (1.0 - threshold))
+    if (p < alpha or separated) and abs(ratio - 1.0) > threshold:
         v.verdict = "slower" if ratio > 1.0 else "faster"
+        if p >= alpha:
+            v.note = f"every new sample beyond every base sample by > {threshold:.0%} ({len(a)} vs {len(b)} samples)"
     elif p < alpha or (lo >= 1.0 - threshold and hi <= 1.0 + threshold):
         v.verdict = "same"
     else:

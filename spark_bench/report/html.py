@@ -263,11 +263,12 @@ def problems_section(runs: Sequence[RunData]) -> str:
     return "".join(parts)
 
 
-def comparison(runs: Sequence[RunData], diffs: dict[int, list[CaseDiff]], data: dict[str, Any]) -> str:
+def comparison(runs: Sequence[RunData], diffs: dict[int, list[CaseDiff]], data: dict[str, Any],
+               threshold: float = COMPARE_THRESHOLD, metric: str = "median") -> str:
     parts = ['<section id="compare"><h2>Run comparison</h2>',
              f"<p class='muted'>Each run against <b>{esc(runs[0].label)}</b>, cases matched by (op, backend, params, "
-             f"dtype); verdicts from the raw samples (Mann-Whitney U, p &lt; 0.01) and a ±{COMPARE_THRESHOLD:.0%} "
-             "minimum effect; see docs/report.md.</p>"]
+             f"dtype); verdicts on the {esc(metric)} from the raw samples (Mann-Whitney U, p &lt; 0.01) and a "
+             f"±{threshold:.0%} minimum effect; see docs/report.md.</p>"]
     for ri, ds in diffs.items():
         pills = " ".join(f'<span class="pill v-{esc(k)}">{esc(k)} {n}</span>' for k, n in sorted(tally(ds).items()))
         parts.append(f"<h3>{esc(runs[ri].label)} vs {esc(runs[0].label)}</h3><p>{pills}</p>")
@@ -318,17 +319,19 @@ def op_section(index: int, charts: OpCharts, verdicts: dict, data: dict[str, Any
 
 
 # --- the page --------------------------------------------------------------------------------------------------------
-def render(runs: Sequence[RunData], baseline: str = "torch") -> str:
+def render(runs: Sequence[RunData], baseline: str = "torch", threshold: float = COMPARE_THRESHOLD,
+           metric: str = "median") -> str:
+    """The report page; `threshold` and `metric` make its comparison's verdicts (`compare --html` passes its own)."""
     everything = [r for run in runs for r in run.results]
     colours = palette([str(r.get("backend")) for r in everything])
     ops = sorted({str(r.get("op")) for r in everything})
     data: dict[str, Any] = {"figs": [], "hover": [], "samples": {}, "boxLayout": {}, "colours": colours, "tables": {}}
-    diffs = {ri: compare_runs(runs[0], runs[ri], COMPARE_THRESHOLD) for ri in range(1, len(runs))}
+    diffs = {ri: compare_runs(runs[0], runs[ri], threshold, metric) for ri in range(1, len(runs))}
     verdicts = {(ri, id(d.new)): d.verdict for ri, ds in diffs.items() for d in ds if d.new is not None}
     sections = [summary(runs, baseline, colours), problems_section(runs), environment(runs)]
     sections.append(tuned_section(runs, _table, esc))  # `run --tuned`: the tuned config each kernel ran
     if diffs:
-        sections.append(comparison(runs, diffs, data))
+        sections.append(comparison(runs, diffs, data, threshold, metric))
     for i, op in enumerate(ops):
         sections.append(op_section(i, OpCharts(op, runs, colours, baseline, hovers=data["hover"]), verdicts, data))
     data["tables"]["cases"] = tables.cases_table(runs, baseline)
