@@ -115,6 +115,19 @@ def test_efficiency_numbers():
     assert r["j_per_token_gross"] == pytest.approx(r["energy_j_per_call_gross"] / 16)
 
 
+@pytest.mark.parametrize("busy_w", [60.0, 50.0])
+def test_no_power_above_idle_gives_no_net_energy(busy_w):
+    """An op that draws no more than idle (tiny kernels, a drifting baseline) has no net J/call, never a negative or
+    noise-sized one (and no GFLOP/J from it); the gross figure stays."""
+    src = FakeSource(idle_w=60.0, busy_w=busy_w)
+    r = measure_energy(src.op(0.002), source=src, flops=4e9, tokens=16)
+    assert r["net_w"] < 0.5 and r["energy_j_per_call_gross"] > 0 and r["gflop_per_j_gross"] > 0
+    assert r["energy_j_per_call"] is None and r["gflop_per_j"] is None and r["j_per_token"] is None
+    assert any("of the idle baseline: no net energy per call" in w for w in r["warnings"])
+    above = FakeSource(idle_w=60.0, busy_w=61.0)  # 1 W above idle is measurable: +-0.23 W
+    assert measure_energy(above.op(0.002), source=above)["energy_j_per_call"] > 0
+
+
 def test_cross_check_reports_disagreement():
     src = FakeSource(instant_scale=1.3)
     r = measure_energy(src.op(0.002), source=src)

@@ -223,6 +223,10 @@ def _measure(call, source, cpi, min_window_s, period_multiple, baseline_fraction
             out.update(net_w=avg_w - idle_w, energy_j_per_call=net, rel_uncertainty=(unc_w + idle_unc_w) / max(
                 abs(avg_w - idle_w), 1e-9) + 1 / busy.invocations)
             out["energy_j_per_call_uncertainty"] = abs(net) * out["rel_uncertainty"]
+            if net <= 0 or out["rel_uncertainty"] >= 1.0:  # no power measurably above idle: a J/call (and the
+                out["energy_j_per_call"] = out["energy_j_per_call_uncertainty"] = None  # GFLOP/J from it) made up
+                warnings.append(f"net power {avg_w - idle_w:+.2f} W is within its uncertainty "
+                                f"(±{unc_w + idle_unc_w:.2f} W) of the idle baseline: no net energy per call")
         out.update(_efficiency(flops, tokens, out["energy_j_per_call"], gross))
 
     instant, _ = integrate_power(sampler.between(busy.t0, busy.t1))
@@ -249,5 +253,5 @@ def _efficiency(flops: float | None, tokens: float | None, net_j: float | None, 
     gflop = flops / 1e9 if flops else None
     return {"gflop_per_j": ratio(gflop, net_j) if net_j and net_j > 0 else None,
             "gflop_per_j_gross": ratio(gflop, gross_j),
-            "j_per_token": ratio(net_j, tokens) if tokens else None,
+            "j_per_token": ratio(net_j, tokens) if tokens and net_j and net_j > 0 else None,
             "j_per_token_gross": ratio(gross_j, tokens) if tokens else None}
