@@ -131,6 +131,15 @@ def test_fewer_than_three_samples_are_noisy(a, b):
     assert v.verdict == "noisy" and v.p_value is None and "too few samples" in v.note
 
 
+def test_a_change_of_timer_is_said():
+    base, new = fx.case("kda.gate", "triton", {"tokens": 3}, samples=fx.draw(np.random.default_rng(0), 45.0)), \
+        fx.case("kda.gate", "triton", {"tokens": 3}, samples=fx.draw(np.random.default_rng(1), 60.0))
+    new["timing"]["timer"] = "cuda-graph"
+    v = case_verdict(base, new, threshold=0.05)
+    assert v.verdict == "slower" and v.note.startswith("timer cuda-event -> cuda-graph; not timed alike")
+    assert "not timed alike" not in case_verdict(base, base, threshold=0.05).note
+
+
 def test_without_raw_samples_the_stored_cis_decide():
     base = {"median": 100.0, "ci_low": 99.0, "ci_high": 101.0}
     assert timing_verdict(base, {"median": 120.0, "ci_low": 119.0, "ci_high": 121.0}, 0.05).verdict == "slower"

@@ -158,7 +158,11 @@ def case_verdict(base: dict[str, Any] | None, new: dict[str, Any] | None, thresh
     tb, tn = timing(base), timing(new)
     if tb is None or tn is None:
         return Verdict("same", note="ok in both, not timed")
-    return timing_verdict(tb, tn, threshold, metric)
+    v = timing_verdict(tb, tn, threshold, metric)
+    how = [f"{k} {tb.get(k)} -> {tn.get(k)}" for k in ("timer", "l2_flush") if tb.get(k) != tn.get(k)]
+    if how:  # e.g. `--timer auto` moved a case across 50 us: launch overhead is in one time and not the other
+        v.note = "; ".join([*how, "not timed alike (--timer pins it)", *([v.note] if v.note else [])])
+    return v
 
 
 # --- runs ------------------------------------------------------------------------------------------------------------
