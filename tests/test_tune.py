@@ -148,6 +148,17 @@ def test_a_win_inside_the_noise_keeps_the_default(fast_us, rel_ci, chosen):
                                          "noise": max(0.01, 2 * (rel_ci or 0.0))}
 
 
+def test_a_zero_time_is_not_ranked():
+    """A graph-timed call no slower than its flush is recorded as 0 us: it cannot win, nor divide by zero."""
+    plan = _plan([SLOW, FAST], cases=2)
+    times = [{"default": ("ok", 10.0), config_id(FAST): ("ok", 0.0), config_id(SLOW): ("ok", 12.0)},
+             {"default": ("ok", 10.0), config_id(FAST): ("ok", 8.0), config_id(SLOW): ("ok", 12.0)}]
+    [(_, entry)] = select(plan, _records(plan, times))
+    assert entry["config"] == FAST and entry["speedup"] == 1.25  # from the case it has a time for
+    zero_default = [{"default": ("ok", 0.0), config_id(FAST): ("ok", 8.0), config_id(SLOW): ("ok", 12.0)}]
+    assert select(_plan([SLOW, FAST]), _records(_plan([SLOW, FAST]), zero_default)) == []
+
+
 def test_no_entry_without_a_passing_default():
     plan = _plan([FAST])
     assert select(plan, _records(plan, [{"default": ("mismatch", None), config_id(FAST): ("ok", 1.0)}])) == []

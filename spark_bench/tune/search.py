@@ -227,6 +227,8 @@ def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -
         for name, (config, rec) in timed.items():
             if (kernel, name) in rejected or (name != "default" and config == timed["default"][0]):
                 continue
+            if not (rec["timing"]["median"] > 0 and default_timing["median"] > 0):
+                continue  # a graph-timed call no slower than the flush it follows: 0 us, nothing to rank it by
             times.setdefault(name, []).append(rec["timing"]["median"])
             defaults.setdefault(name, []).append(default_timing["median"])
             spreads.setdefault(name, []).append((rec["timing"].get("rel_ci") or 0.0)
