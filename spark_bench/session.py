@@ -93,17 +93,29 @@ def interrupt_says_what_is_kept(store: results.RunStore, total: int, resume: str
 class PhaseTimeline:
     """Marks each case's phases (as the runner hears of them) on the run's power/clock timeline, when there is one."""
 
-    def __init__(self, tele: RunTelemetry | None) -> None:
+    def __init__(self, tele: RunTelemetry | None, one_device: bool = True) -> None:
         self.tele, self.current = tele, None
+        self.one_device = one_device  # the timeline's GPU runs every case: its clocks are the timed case's
 
     def wrap(self, on_phase):
         def marked(case: Case, phase: str) -> None:
             if self.tele is not None:
                 self._close()
                 self.current = (case.case_id, phase, self.tele.now())
+                if self.one_device:
+                    self.tele.watch(case.case_id, phase)
             on_phase(case, phase)
 
         return marked
+
+    def annotate(self, record: dict[str, Any]) -> None:
+        """`timing.clocks`: what the timeline saw of the clocks while the case was timed (nvbench discards throttled
+        samples; here the case keeps them and says so, with the label `throttled-timing`)."""
+        clocks = self.tele.timing_clocks(record["case_id"]) if self.tele is not None else None
+        if clocks is not None and record.get("timing"):
+            record["timing"]["clocks"] = clocks
+            if clocks["throttled_samples"]:
+                record.setdefault("labels", []).append("throttled-timing")
 
     def _close(self) -> None:
         if self.tele is not None and self.current is not None:
@@ -257,12 +269,14 @@ class Session:
                   markup=False, soft_wrap=True)  # one line, however long
         tele, _ = RunTelemetry.start(self.store.path, self.spec.device) if self.spec.device.startswith("cuda") \
             else (None, "CPU device")
-        timeline = PhaseTimeline(tele)
+        slots = getattr(executor, "slots", None) or [None]
+        timeline = PhaseTimeline(tele, one_device=getattr(executor, "name", "local") != "ray" and len(slots) == 1)
         with SweepProgress(len(todo), out, expected=expected) as progress, timeline:
             roofline = self.store.read_run().get("roofline")
             Runner(self.store, self.cfg, timeout_s=self.timeout_s, device=self.spec.device,
                    on_phase=timeline.wrap(progress.phase), on_result=progress.result, executor=executor,
-                   decorate=lambda record: add_roofline(record, roofline), confirm_crashes=confirm_crashes).run(todo)
+                   decorate=lambda record: (add_roofline(record, roofline), timeline.annotate(record)),
+                   confirm_crashes=confirm_crashes).run(todo)
         records = self.store.read_results()
         summary = results.summarize_statuses(records)
         run = self.store.read_run()

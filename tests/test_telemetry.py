@@ -265,6 +265,43 @@ def test_run_timeline_written_and_read(tmp_path):
         read_telemetry(bad)
 
 
+@pytest.mark.parametrize("one_device", [True, False])
+def test_a_case_timed_on_throttled_clocks_is_labelled(tmp_path, one_device):
+    """The run's timeline sees the clocks while each case is timed: a case timed below 75% of the default SM clock
+    gets `timing.clocks` and the label `throttled-timing`; one timed at full clock gets the clocks only. With several
+    GPUs (or Ray) the timeline's GPU is not the case's: nothing is claimed."""
+    from spark_bench.session import PhaseTimeline
+    from spark_bench.sweep import Case
+
+    state = {"mhz": 1980.0}
+    src = FakeSource(sm_mhz=lambda t, busy: state["mhz"])
+    tele, _ = RunTelemetry.start(tmp_path, 0, period_s=0.02, source=src)
+    records = []
+    with PhaseTimeline(tele, one_device=one_device) as timeline:
+        phase = timeline.wrap(lambda case, phase: None)
+        for n, mhz in ((1, 1200.0), (2, 1980.0)):
+            case = Case("kda.gate", "triton", {"tokens": n}, "bf16", "cuda:0", 0)
+            phase(case, "check")
+            src.run(0.1)
+            state["mhz"] = mhz
+            phase(case, "timing")
+            src.run(0.3)
+            state["mhz"] = 1980.0
+            phase(case, "energy")
+            src.run(0.3)
+            records.append({"case_id": case.case_id, "labels": [], "timing": {"median": 1.0}})
+            timeline.annotate(records[-1])
+    slow, fast = records
+    if not one_device:
+        assert "clocks" not in slow["timing"] and slow["labels"] == []
+        return
+    assert slow["labels"] == ["throttled-timing"] and slow["timing"]["clocks"]["sm_mhz_min"] == 1200.0
+    assert 13 <= slow["timing"]["clocks"]["throttled_samples"] <= slow["timing"]["clocks"]["samples"] <= 16
+    assert slow["timing"]["clocks"]["throttle"] == ["SM clock 1200 MHz < 75% of default 1980 MHz"]
+    assert fast["labels"] == [] and fast["timing"]["clocks"]["throttled_samples"] == 0
+    assert fast["timing"]["clocks"]["sm_mhz_min"] == 1980.0
+
+
 class ConstSource(Source):
     def power_instant_w(self):
         return 100.0

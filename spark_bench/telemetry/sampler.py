@@ -139,8 +139,40 @@ class RunTelemetry:
 
     def __init__(self, source: Source, log: TelemetryLog, period_s: float) -> None:
         self.source, self.log = source, log
-        self.sampler = Sampler(source, period_s, on_sample=log.add_sample)
+        self.sampler = Sampler(source, period_s, on_sample=self._sample)
         self.sampler.samples = _Discard()  # the file keeps the timeline; memory stays flat over long runs
+        self.default_sm_mhz = source.default_sm_clock_mhz()
+        self._lock = threading.Lock()
+        self._watched: str | None = None  # the case whose timing phase is running
+        self._timing_rows: dict[str, list[dict[str, Any]]] = {}  # its samples, until `timing_clocks` takes them
+
+    def _sample(self, row: dict[str, Any]) -> None:
+        self.log.add_sample(row)
+        with self._lock:
+            if self._watched is not None:
+                self._timing_rows.setdefault(self._watched, []).append(row)
+
+    def watch(self, case_id: str, phase: str) -> None:
+        """A case entered `phase`: samples count towards its timing while the phase is "timing"."""
+        with self._lock:
+            self._watched = case_id if phase == "timing" else None
+            if phase == "timing":
+                self._timing_rows[case_id] = []
+
+    def timing_clocks(self, case_id: str) -> dict[str, Any] | None:
+        """The clocks the run's sampler saw while `case_id` was timed (None when it took no sample: a phase shorter
+        than the period): SM clock min/median, reasons, and how many samples were throttled by nvbench's rule
+        (SM clock under 75% of the default, or a power/thermal cap reason) with the first such finding."""
+        with self._lock:
+            rows = self._timing_rows.pop(case_id, None)
+            if self._watched == case_id:
+                self._watched = None
+        if not rows:
+            return None
+        from spark_bench.telemetry.clocks import throttle_findings
+
+        found = [f for r in rows if (f := throttle_findings(r.get("sm_mhz"), self.default_sm_mhz, r.get("reasons")))]
+        return {**summarize(rows), "throttled_samples": len(found), "throttle": found[0] if found else []}
 
     @classmethod
     def start(cls, run_dir: str | Path, device: Any = 0, *, period_s: float = 0.05,
