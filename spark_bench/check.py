@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -100,6 +100,30 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a, b))
 
 
+def untouched_slots(index: str, *pools: str) -> Callable[[dict[str, Any]], dict[str, torch.Tensor]]:
+    """`Op.untouched` of an op that updates `pools` in place at the rows `inputs[index]` names: every other row."""
+    def rows(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        out = {}
+        for pool in pools:
+            keep = torch.ones(inputs[pool].shape[0], dtype=torch.bool, device=inputs[pool].device)
+            keep[inputs[index].long().to(keep.device)] = False
+            out[pool] = keep.nonzero().flatten()
+        return out
+
+    return rows
+
+
+def changed_rows(rows: dict[str, torch.Tensor], before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """One problem per input whose given rows (dim 0) differ bitwise after the call from before it."""
+    problems = []
+    for name, index in rows.items():
+        a, b = (t[name].index_select(0, index.to(t[name].device)).contiguous() for t in (before, after))
+        changed = int((a.view(len(a), -1).view(torch.uint8) != b.view(len(b), -1).view(torch.uint8)).any(1).sum())
+        if changed:
+            problems.append(f"{name}: {changed} of the {len(index)} slots the call must not touch changed")
+    return problems
+
+
 def mutated_inputs(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """Names of the tensor inputs a call changed in place (bitwise; NaN equals NaN)."""
     return [name for name, t in after.items()
@@ -125,6 +149,8 @@ def check_outputs(op: Op, out: Any, ref: Any, inputs: dict[str, Any], dtype: str
     if pristine is not None and op.outputs is None:
         problems += [f"input {name} was modified in place (every timed call would run on other data; an in-place "
                      "op declares outputs=)" for name in mutated_inputs(pristine, inputs)]
+    if pristine is not None and op.untouched is not None:
+        problems += changed_rows(op.untouched(pristine), pristine, inputs)
     if problems:
         ok, message = False, "; ".join(filter(None, [*problems, message]))
     return {**metrics, "ok": bool(ok), "message": message,

@@ -197,6 +197,9 @@ class Op(_BackendHost):
     outputs(returned, inputs) -> tuple of tensors to check, when a backend's return value is not all of them
         (e.g. a state pool updated in place).
     outputs is applied to the reference's result (with its own inputs) as well.
+    untouched(inputs) -> {input name: int64 indices of its rows (dim 0) the call must leave bit-identical}: an
+        in-place op's pool rows outside the slots it updates; the check compares them with a copy taken before the
+        call (an error ratio over the whole pool would let a kernel round or scribble on other sequences' state).
     extra_info(inputs, params) -> dict stored with every result of a case (e.g. realised expert load).
     rotate: input names redrawn between timed calls (from `input_sets` draws of the factory).
     redraw(params, device=, dtype=, seed=) -> dict of just the `rotate` inputs: spares a full factory call (and a
@@ -215,6 +218,7 @@ class Op(_BackendHost):
     constraints: Sequence[Callable[[Params], str | None]] = ()
     compare: Callable[..., tuple[dict[str, Any], bool, str]] | None = None
     outputs: Callable[[Any, dict[str, Any]], Any] | None = None
+    untouched: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     extra_info: Callable[[dict[str, Any], Params], dict[str, Any]] | None = None
     rotate: Sequence[str] = ()
     redraw: Callable[..., dict[str, Any]] | None = None

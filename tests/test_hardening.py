@@ -70,6 +70,15 @@ def test_the_check_catches_what_values_alone_pass(hostile_registry, backend, nee
     assert rec["timing"] is None
 
 
+def test_slots_an_in_place_op_must_not_touch_are_checked_bitwise(hostile_registry):
+    """A pool kernel that nudges another sequence's slot by one ulp passes any error ratio; `untouched=` catches it."""
+    bad = _run_case(hostile_registry, "hostile.pool", "scribbles")
+    assert bad["status"] == "mismatch" and bad["check"]["err_ratio"] < 1e-6
+    assert "pool: 1 of the 6 slots the call must not touch changed" in bad["error"]
+    for backend in ("fine", "reference"):
+        assert _run_case(hostile_registry, "hostile.pool", backend)["status"] == "ok", backend
+
+
 def test_the_check_still_passes_good_backends_and_the_fp64_reference(hostile_registry):
     for backend in ("fine", "reference"):
         rec = _run_case(hostile_registry, "hostile.check", backend)

@@ -16,6 +16,7 @@ from spark_bench.plugins.kda import weights as kda_weights
 from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
 
 from spark_bench import Axis, Op, Tolerance
+from spark_bench.check import untouched_slots
 from spark_bench.inputs import generator, randn
 
 POOL_FACTOR = 3
@@ -84,6 +85,7 @@ op = Op(
     dtypes=["bf16"],
     tolerance={"bf16": Tolerance(1e-2), "fp16": Tolerance(1e-2), "fp32": Tolerance(1e-3)},
     outputs=outputs,
+    untouched=untouched_slots("slots", "conv_state_pool", "state_pool"),  # kda.md: other slots stay bit-identical
     rotate=("x", "slots"),
 )
 

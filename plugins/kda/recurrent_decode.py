@@ -22,6 +22,7 @@ from spark_bench.plugins.kda import weights as kda_weights
 from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
+from spark_bench.check import untouched_slots
 from spark_bench.compiled import add_torch_compile
 from spark_bench.inputs import generator, randn
 
@@ -85,6 +86,7 @@ op = Op(
     quick_dtypes=["bf16"],
     tolerance={"bf16": Tolerance(5e-3), "fp16": Tolerance(5e-3), "fp32": Tolerance(1e-4)},
     outputs=lambda returned, inputs: (returned[0], inputs["initial_state"]),
+    untouched=untouched_slots("ssm_state_indices", "initial_state"),  # kda.md: other slots stay bit-identical
 )
 
 

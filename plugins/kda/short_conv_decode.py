@@ -16,6 +16,7 @@ from spark_bench.plugins.kda.short_conv import WIDTH, conv_dim, conv_weight
 from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
+from spark_bench.check import untouched_slots
 from spark_bench.compiled import add_torch_compile
 from spark_bench.inputs import generator, randn
 
@@ -80,6 +81,7 @@ op = Op(
     dtypes=["bf16", "fp32"],
     tolerance={"bf16": Tolerance(1e-3), "fp16": Tolerance(1e-3), "fp32": Tolerance(1e-4)},
     outputs=outputs,
+    untouched=untouched_slots("slots", "conv_state_pool"),  # kda.md: other slots stay bit-identical
     rotate=("x", "slots"),
 )
 

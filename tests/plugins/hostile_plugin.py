@@ -13,6 +13,7 @@ import time
 import torch
 
 from spark_bench import Axis, Cost, Op, Tolerance
+from spark_bench.check import untouched_slots
 from spark_bench.inputs import generator, randn
 
 
@@ -26,7 +27,8 @@ def reference(x):
 
 
 def _op(name, rows=(3, 17), **kw):
-    return Op(name=name, make_inputs_fn=make_inputs, reference=reference,
+    kw = {"make_inputs_fn": make_inputs, "reference": reference, **kw}
+    return Op(name=name,
               cost=lambda p, dtype: Cost(flops=p["rows"] * p["cols"], bytes=8 * p["rows"] * p["cols"]),
               axes=[Axis("rows", [64], quick=list(rows)), Axis("cols", [64], quick=[5])],
               dtypes=["fp32"], tolerance={"fp32": Tolerance(1e-6)}, **kw)
@@ -112,6 +114,40 @@ def empty_out(x):
 
 @check.backend("fine")
 def fine(x):
+    return 2 * x
+
+
+# an in-place op on a slot pool (kda decode ops): pool[slots] += x, y = 2 * x; the other slots must not change
+def _pool_inputs(p, *, device, dtype, seed):
+    gen = generator(device, seed)
+    rows = p["rows"]
+    return {"x": randn((rows, p["cols"]), gen, dtype=dtype, device=device),
+            "pool": randn((3 * rows, p["cols"]), gen, dtype=dtype, device=device),
+            "slots": torch.randperm(3 * rows, generator=gen, device=device)[:rows]}
+
+
+def _pool_reference(x, pool, slots):
+    pool[slots] += x
+    return 2 * x.double()
+
+
+pool = _op("hostile.pool", rows=(3,), make_inputs_fn=_pool_inputs, reference=_pool_reference,
+           outputs=lambda returned, inputs: (returned, inputs["pool"]),
+           untouched=untouched_slots("slots", "pool"))
+
+
+@pool.backend("fine")
+def pool_fine(x, pool, slots):
+    pool[slots] += x
+    return 2 * x
+
+
+@pool.backend("scribbles")
+def pool_scribbles(x, pool, slots):
+    """Right slots, right output; and one other slot nudged by one ulp: far below any error-ratio tolerance."""
+    pool[slots] += x
+    other = next(i for i in range(len(pool)) if i not in set(slots.tolist()))
+    pool[other] = torch.nextafter(pool[other], torch.full_like(pool[other], float("inf")))
     return 2 * x
 
 
