@@ -152,6 +152,7 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
         refuse_sweep_options_with_resume(click.get_current_context(), resume)
         session = Session.resume(resume)
         spec = session.spec
+        check_device(spec.device)  # else every case would be journaled as a worker crash, and skipped on the GPU
     elif like is not None:  # the base's spec and timing; a tuned table of its own may differ on purpose
         refuse_sweep_options_with_resume(click.get_current_context(), like, "--like", allowed=("out", "tuned"))
         spec, cfg, timeout = Session.stored(like)

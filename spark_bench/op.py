@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -73,9 +74,12 @@ class Axis:
             return value
         if isinstance(sample, float):
             try:
-                return float(text)
+                value = float(text)
             except ValueError:
                 raise ValueError(f"axis {self.name!r} takes numbers, not {text!r}") from None
+            if not math.isfinite(value):  # a typo would otherwise run, and blame the backends for its NaNs
+                raise ValueError(f"axis {self.name!r} takes finite numbers, not {text!r}")
+            return value
         known = list(dict.fromkeys([*self.values, *(self.quick or [])]))
         if known and text not in known:
             raise ValueError(f"axis {self.name!r} has no value {text!r}; choose from {', '.join(map(str, known))}")

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from spark_bench.results import ResultsError
-from spark_bench.sweep import SweepSpec, UsageError, parse_set
+from spark_bench.sweep import SweepSpec, UsageError, merge_sets
 
 RESULTS_ROOT = Path("results")  # where runs, tuned tables and history live unless told otherwise
 
@@ -111,10 +111,6 @@ def sweep_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def sweep_spec(*, ops, backends, preset, sets, dtypes, device: str, quick: bool, full: bool, seed: int,
                weights: dict[str, Any] | None = None) -> SweepSpec:
     """The SweepSpec of `sweep_options` values (device already checked). CPU sweeps are quick unless --full."""
-    overrides: dict[str, list[str]] = {}
-    for text in sets:
-        axis, values = parse_set(text)
-        overrides.setdefault(axis, []).extend(values)
-    return SweepSpec(ops=list(ops), backends=list(backends), preset=preset, overrides=overrides,
-                     dtypes=[d for text in dtypes for d in text.split(",") if d], device=device,
+    return SweepSpec(ops=list(ops), backends=list(backends), preset=preset, overrides=merge_sets(sets),
+                     dtypes=list(dict.fromkeys(d for text in dtypes for d in text.split(",") if d)), device=device,
                      quick=quick or (device == "cpu" and not full), seed=seed, weights=weights)

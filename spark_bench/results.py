@@ -294,6 +294,8 @@ def select_records(records: list[dict[str, Any]], ops: tuple[str, ...] = (), bac
     dtypes = tuple(d for text in dtypes for d in text.split(",") if d)
     found = list(records)
     for field, globs in (("op", ops), ("backend", backends), ("dtype", dtypes)):
+        if not globs:  # no filter: a run with no finished case yet (Ctrl-C in its first case) is an empty table
+            continue
         kept = [r for r in found if record_matches(r, **{f"{field}s": globs})]
         if not kept:
             names = sorted({str(r.get(field)) for r in found})

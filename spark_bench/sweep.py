@@ -92,7 +92,17 @@ def parse_set(text: str) -> tuple[str, list[str]]:
     vals = [v.strip() for v in values.split(",") if v.strip()]
     if not axis or not vals:
         raise UsageError(f"malformed --set {text!r}: expected AXIS=V1,V2,... (e.g. --set heads=4,8)")
-    return axis, vals
+    return axis, list(dict.fromkeys(vals))  # tokens=1,1 is one point, not two identical cases
+
+
+def merge_sets(sets: Sequence[str]) -> dict[str, list[str]]:
+    """Every --set of a command: the values of an axis given twice add up (`--set tokens=1 --set tokens=64` is
+    `--set tokens=1,64`), each value once."""
+    overrides: dict[str, list[str]] = {}
+    for text in sets:
+        axis, values = parse_set(text)
+        overrides[axis] = list(dict.fromkeys([*overrides.get(axis, []), *values]))
+    return overrides
 
 
 def _select_ops(reg: Registry, spec: SweepSpec) -> list[Op]:

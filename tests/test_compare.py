@@ -65,6 +65,12 @@ def test_mann_whitney_matches_scipy(seed):
     assert p == pytest.approx(ref.pvalue, rel=1e-9)
 
 
+def test_threshold_labels_keep_what_was_given():
+    from spark_bench.report.compare import pct
+
+    assert [pct(t) for t in (0.004, 0.05, 0.015, 1.5)] == ["0.4%", "5%", "1.5%", "150%"]  # was 0%, 5%, 2%, 150%
+
+
 def test_parse_threshold():
     assert parse_threshold("5%") == pytest.approx(0.05)
     assert parse_threshold("0.05") == pytest.approx(0.05)

@@ -1,5 +1,6 @@
 """Issue 15: hardening from outside (unit-level checks; the end-to-end ones are in test_hardening_e2e.py)."""
 
+import json
 import os
 
 import pytest
@@ -130,9 +131,58 @@ GATE = ["run", "--op", "kda.gate", "--no-report"]
      "runs the sweep stored in its run.json; drop --op, --set"),
     (["run", "--resume", "/nonexistent/run", "--quick"], "drop --quick"),
     (["list", "--device", "garbage"], "unknown device 'garbage'"),
+    (["run", "--op", "moe.router", "--set", "routed_scaling_factor=nan"], "takes finite numbers, not 'nan'"),
+    (["run", "--op", "moe.router", "--set", "routed_scaling_factor=inf"], "takes finite numbers"),
+    (["kernels", "--quick", "--no-presets", "--op", "kda.gate", "--backend", "nosuch"], "unknown backend 'nosuch'"),
+    (["profile", "--op", "kda.gate", "--backend", "torch", "--dtype", "fp16"], "does not take dtype fp16"),
 ])
 def test_bad_run_options_are_one_line(args, needle):
     _assert_one_line(*_cli(*args), needle)
+
+
+def test_resuming_a_gpu_run_without_the_gpu_is_one_line(tmp_path):
+    """It journaled a worker crash for every case, which a resume on the GPU machine then skipped."""
+    code, _, _ = _cli("run", "--op", "kda.gate", "--backend", "torch", "--set", "tokens=1", "--set", "heads=2",
+                      "--dtype", "fp32", "--no-report", "--max-time", "0.01", "--out", tmp_path / "r")
+    run_dir = tmp_path / "r"
+    assert code == 0
+    run = json.loads((run_dir / "run.json").read_text())
+    run["spec"]["device"] = "cuda"
+    (run_dir / "run.json").write_text(json.dumps(run))
+    (run_dir / "results.jsonl").write_text("")
+    (run_dir / ".lock").unlink()  # this process's first run holds it until the process exits
+    _assert_one_line(*_cli("run", "--resume", run_dir), "cuda")
+    assert (run_dir / "results.jsonl").read_text() == ""
+
+
+def test_show_of_a_run_stopped_before_its_first_case_ended(tmp_path):
+    code, _, _ = _cli("run", "--op", "kda.gate", "--backend", "torch", "--set", "tokens=1", "--set", "heads=2",
+                      "--dtype", "fp32", "--no-report", "--max-time", "0.01", "--out", tmp_path / "r")
+    (tmp_path / "r" / "results.jsonl").write_text("")  # what Ctrl-C in the first case leaves
+    code, out, err = _cli("show", tmp_path / "r")
+    assert code == 0 and "Traceback" not in out + err, err  # was exit 2: "no case matches --op ; the run has: "
+
+
+def test_repeated_and_duplicate_set_values_make_each_point_once():
+    from spark_bench.options import sweep_spec
+
+    spec = sweep_spec(ops=("kda.gate",), backends=(), preset=None, dtypes=("fp32,fp32",), device="cpu", quick=True,
+                      full=False, seed=0, sets=("tokens=1,8", "tokens=8", "tokens=1,1,64"))
+    assert spec.overrides == {"tokens": ["1", "8", "64"]} and spec.dtypes == ["fp32"]
+
+
+def test_a_report_never_overwrites_a_runs_files(tmp_path):
+    from spark_bench.report import ResultsError, write_report
+
+    code, _, _ = _cli("run", "--op", "kda.gate", "--backend", "torch", "--set", "tokens=1", "--set", "heads=2",
+                      "--dtype", "fp32", "--no-report", "--max-time", "0.01", "--out", tmp_path / "r")
+    run_dir = tmp_path / "r"
+    assert code == 0
+    before = (run_dir / "results.jsonl").read_text()
+    with pytest.raises(ResultsError, match="never overwritten"):
+        write_report([run_dir], run_dir / "results.jsonl")
+    assert (run_dir / "results.jsonl").read_text() == before
+    assert write_report([run_dir], run_dir / "report.html").exists()
 
 
 def test_out_pointing_at_a_file_is_one_line_from_run(tmp_path):

@@ -117,6 +117,10 @@ def test_a_regression_in_todays_run_alone_fails_the_gate(tmp_path):
     (found,) = json.loads(out)  # the improvement on case 5 is no regression
     assert found["op"] == "kda.gate" and found["backend"] == "triton" and found["runs_after"] == 1
     assert found["suspects"] is None  # no repository knows these commits
+    for since, needle in (("", "at least 4 characters"), ("000", "at least 4 characters"),
+                          ("0000", "is ambiguous: 000000000000"), (f"{1:039x}", "is ambiguous")):
+        code, out, err = run_cli("history", "check", "--db", db, "--since", since)  # '' matched every commit: exit 0
+        assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, (since, out + err)
     code, out, _ = run_cli("history", "trend", "--db", db, "--op", "moe.experts", "--backend", "triton", "--set",
                            "tokens=256", "--json")
     (series,) = json.loads(out)

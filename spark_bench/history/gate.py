@@ -22,7 +22,12 @@ def since_index(s: detect.Series, since: str, repo: Path | None) -> int:
         if when is None:
             raise HistoryError(f"--since {since!r} is not a valid date")
         return next((i for i, p in enumerate(s.points) if (p.created or p.time or "") >= when), len(s.points))
+    if len(since) < 4:  # '' is a prefix of every commit; git itself wants 4 hex digits
+        raise HistoryError(f"--since {since!r}: give at least 4 characters of a commit, or a date YYYY-MM-DD")
     hits = [i for i, p in enumerate(s.points) if p.commit and p.commit.startswith(since)]
+    if len({s.points[i].commit for i in hits}) > 1:
+        raise HistoryError(f"--since {since!r} is ambiguous: "
+                           + ", ".join(sorted({str(s.points[i].commit)[:12] for i in hits})) + "; give more of it")
     if hits:
         return hits[-1] + 1
     when = gitinfo.commit_time_of(repo, since)

@@ -16,7 +16,7 @@ from spark_bench.kernelgate import gate
 from spark_bench.kernelgate.capture import DEFAULT_BACKENDS
 from spark_bench.kernelgate.offline import compile_all, default_cache_dir
 from spark_bench.kernelgate.targets import REQUIRED, TARGETS, parse_targets
-from spark_bench.sweep import UsageError, parse_set
+from spark_bench.sweep import UsageError, merge_sets
 
 VERDICT_STYLE = {"ok": "green", "spills": "bold yellow", "launch-resources": "bold red", "compile-error": "bold red"}
 
@@ -95,7 +95,7 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
         targets = parse_targets(target_text)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    overrides = dict(parse_set(s) for s in sets)
+    overrides = merge_sets(sets)
     from spark_bench.registry import registry
 
     reg = registry()  # validate names here; the capture runs in its own process
@@ -113,7 +113,8 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
     from spark_bench.sweep import SweepSpec, validate
 
     for p in presets:  # unknown axes, values and dtypes: one line here, not a traceback from the capture process
-        validate(reg, SweepSpec(ops=list(ops), preset=p, overrides=dict(overrides), dtypes=list(dtypes)))
+        validate(reg, SweepSpec(ops=list(ops), backends=list(backends), preset=p, overrides=dict(overrides),
+                                dtypes=list(dtypes)))
     err = click.get_text_stream("stderr")
     started = time.monotonic()
     tty = err.isatty()

@@ -30,6 +30,10 @@ def write_report(run_dirs: Iterable[str | Path], out_path: str | Path, baseline:
         raise ResultsError("no run directory given")
     select_runs(runs, ops, backends)
     out = Path(out_path)
+    for run in runs:  # `-o RUN/results.jsonl` would replace the results with the page about them
+        if out.resolve().parent == Path(run.path).resolve() and out.name != "report.html":
+            raise ResultsError(f"-o {out} is inside the run directory {run.path}: a report there is report.html "
+                               "(the run's own files are never overwritten)")
     out.parent.mkdir(parents=True, exist_ok=True)
     from spark_bench.results import write_text_atomic
 

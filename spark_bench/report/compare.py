@@ -83,6 +83,11 @@ def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
     return u1, float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2.0))))
 
 
+def pct(fraction: float) -> str:
+    """A threshold as the user gave it: 0.004 -> '0.4%', 0.05 -> '5%' (not rounded to whole percents)."""
+    return f"{fraction * 100:.3g}%"
+
+
 def rel_iqr(samples: Sequence[float]) -> float:
     s = np.asarray(samples, dtype=np.float64)
     med = float(np.median(s))
@@ -132,12 +137,12 @@ def timing_verdict(base: dict[str, Any], new: dict[str, Any], threshold: float, 
     if (p < alpha or separated) and abs(ratio - 1.0) > threshold:
         v.verdict = "slower" if ratio > 1.0 else "faster"
         if p >= alpha:
-            v.note = f"every new sample beyond every base sample by > {threshold:.0%} ({len(a)} vs {len(b)} samples)"
+            v.note = f"every new sample beyond every base sample by > {pct(threshold)} ({len(a)} vs {len(b)} samples)"
     elif p < alpha or (lo >= 1.0 - threshold and hi <= 1.0 + threshold):
         v.verdict = "same"
     else:
         spread = max(rel_iqr(a), rel_iqr(b)) if len(a) >= 3 and len(b) >= 3 else math.nan
-        v.note = v.note or (f"ratio CI {lo:.3f}-{hi:.3f} reaches past ±{threshold:.0%}"
+        v.note = v.note or (f"ratio CI {lo:.3f}-{hi:.3f} reaches past ±{pct(threshold)}"
                             + (f"; relative IQR up to {spread:.0%}" if math.isfinite(spread) else ""))
     return v
 
@@ -270,7 +275,7 @@ def print_table(console: Any, diffs: Sequence[CaseDiff], metric: str, threshold:
     rows = sorted(diffs, key=lambda d: (order.get(d.verdict.verdict, 8), *d.sort_key))
     shown = [d for d in rows if show_all or d.verdict.verdict != "same"]
     unit = next((t.get("unit", "us") for d in diffs for t in [timing(d.base) if d.base else None] if t), "us")
-    title = f"{new_label} vs {base_label}: {metric} ({unit}), threshold ±{threshold:.0%}, p < {ALPHA}"
+    title = f"{new_label} vs {base_label}: {metric} ({unit}), threshold ±{pct(threshold)}, p < {ALPHA}"
     table = Table(title=Text(title))
     table.add_column("case (op backend dtype params)", overflow="fold")
     for col in ("base", "new", "ratio", "p"):

@@ -16,7 +16,7 @@ from spark_bench.console import fmt_pct
 from spark_bench.report import tables
 from spark_bench.report.assets import CSS, JS
 from spark_bench.report.charts import MAX_BOX_SAMPLES, OpCharts, palette, ptext
-from spark_bench.report.compare import CaseDiff, compare_runs, tally
+from spark_bench.report.compare import CaseDiff, compare_runs, pct, tally
 from spark_bench.report.model import RunData, by_op, failure_text, op_summary, params_text, problems, timing
 from spark_bench.report.tuned import tuned_section
 from spark_bench.telemetry.calibrate import busy_text
@@ -268,7 +268,7 @@ def comparison(runs: Sequence[RunData], diffs: dict[int, list[CaseDiff]], data: 
     parts = ['<section id="compare"><h2>Run comparison</h2>',
              f"<p class='muted'>Each run against <b>{esc(runs[0].label)}</b>, cases matched by (op, backend, params, "
              f"dtype); verdicts on the {esc(metric)} from the raw samples (Mann-Whitney U, p &lt; 0.01) and a "
-             f"±{threshold:.0%} minimum effect; see docs/report.md.</p>"]
+             f"±{pct(threshold)} minimum effect; see docs/report.md.</p>"]
     for ri, ds in diffs.items():
         pills = " ".join(f'<span class="pill v-{esc(k)}">{esc(k)} {n}</span>' for k, n in sorted(tally(ds).items()))
         parts.append(f"<h3>{esc(runs[ri].label)} vs {esc(runs[0].label)}</h3><p>{pills}</p>")

@@ -82,8 +82,8 @@ def resolve_case(op_name: str, backend_name: str, sets: Sequence[str] = (), dtyp
         dtype = canonical_dtype(dtype or op.dtypes[0])
     except ValueError as exc:
         raise ProfileError(str(exc)) from None
-    if dtype not in op.tolerance:
-        raise ProfileError(f"op {op.name} does not take dtype {dtype}; choose from {', '.join(op.tolerance)}")
+    if dtype not in op.dtypes:  # as `run`: a tolerance entry alone does not make a dtype the op's
+        raise ProfileError(f"op {op.name} does not take dtype {dtype}; choose from {', '.join(op.dtypes)}")
     why = backend.unavailable(device)
     if why:
         raise ProfileError(f"backend {op.name}/{backend.name} cannot run on {device}: {why}")
