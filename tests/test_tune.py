@@ -231,6 +231,8 @@ def test_tuned_show_and_merge(tmp_path):
     _store([], device={**DEVICE, "name": "NVIDIA Other"}).save(tmp_path / "c.json", "now")
     code, _, err = run_cli("tuned", "merge", tmp_path / "a.json", tmp_path / "c.json", "--out", tmp_path / "x.json")
     assert code == 2 and "measured on NVIDIA Other" in err
+    code, _, err = run_cli("tuned", "merge", tmp_path / "a.json", "--out", tmp_path)  # a directory
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--out" in err and "Traceback" not in err, err
 
 
 def test_rounds_time_the_default_first_then_each_surviving_candidate_in_the_plan_order():

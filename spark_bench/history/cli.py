@@ -330,7 +330,10 @@ def report_cmd(output, ops, backends, db, fingerprint, branch, threshold, repo, 
     for s in series:
         for st in s.steps:
             st.suspects = gitinfo.log_range(repo_path, st.last_good.commit, st.first_bad.commit)
-    click.echo(str(write_trends(series, output, db=db, threshold=thr, last=last)))
+    try:
+        click.echo(str(write_trends(series, output, db=db, threshold=thr, last=last)))
+    except OSError as exc:  # -o a directory, a read-only place
+        raise HistoryError(f"-o {output}: {exc.strerror or exc}") from None
 
 
 @history.command("prune")

@@ -225,9 +225,9 @@ def render(series: Sequence[Series], db: str = "", threshold: float = 0.05, last
 def write_trends(series: Sequence[Series], out_path: Path | str, db: Path | str = "", threshold: float = 0.05,
                  last: int | None = None) -> Path:
     """Write the trend page (atomically) and return its path."""
+    from spark_bench.results import write_text_atomic
+
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(render(series, str(db), threshold, last), encoding="utf-8")
-    tmp.replace(out)
+    write_text_atomic(out, render(series, str(db), threshold, last))  # a failed write leaves no .tmp behind
     return out

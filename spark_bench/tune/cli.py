@@ -120,11 +120,14 @@ def show(path: Path) -> None:
 def merge(paths: tuple[Path, ...], out: Path, force: bool) -> None:
     """Merge tables of one device: every key any of them holds; the newer measurement wins a key two hold."""
     from spark_bench.results import now
-    from spark_bench.tune.store import TunedStore
+    from spark_bench.tune.store import StoreError, TunedStore
 
     tables = [TunedStore.load(p) for p in paths]
     merged = TunedStore(dict(tables[0].data, kernels={}), tables[0].path)
     for table in tables:
         merged.merge(table, force=force)
-    merged.save(out, now())
+    try:
+        merged.save(out, now())
+    except OSError as exc:  # a directory, a read-only place: one line, not a traceback
+        raise StoreError(f"--out {out}: {exc.strerror or exc}") from None
     click.echo(f"{out}: {sum(len(v) for v in merged.kernels.values())} entries from {len(tables)} table(s)")
