@@ -118,7 +118,7 @@ def changed_rows(rows: dict[str, torch.Tensor], before: dict[str, Any], after: d
     problems = []
     for name, index in rows.items():
         a, b = (t[name].index_select(0, index.to(t[name].device)).contiguous() for t in (before, after))
-        changed = int((a.view(len(a), -1).view(torch.uint8) != b.view(len(b), -1).view(torch.uint8)).any(1).sum())
+        changed = int((a.flatten(1).view(torch.uint8) != b.flatten(1).view(torch.uint8)).any(1).sum())  # 0 rows: 0
         if changed:
             problems.append(f"{name}: {changed} of the {len(index)} slots the call must not touch changed")
     return problems

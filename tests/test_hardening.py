@@ -78,6 +78,11 @@ def test_slots_an_in_place_op_must_not_touch_are_checked_bitwise(hostile_registr
     assert "pool: 1 of the 6 slots the call must not touch changed" in bad["error"]
     for backend in ("fine", "reference"):
         assert _run_case(hostile_registry, "hostile.pool", backend)["status"] == "ok", backend
+    from spark_bench.check import changed_rows, untouched_slots
+
+    full = {"pool": torch.randn(4, 2, 3), "slots": torch.tensor([3, 0, 2, 1])}  # every slot is the call's
+    assert untouched_slots("slots", "pool")(full)["pool"].numel() == 0
+    assert changed_rows(untouched_slots("slots", "pool")(full), full, full) == []
 
 
 def test_the_check_still_passes_good_backends_and_the_fp64_reference(hostile_registry):

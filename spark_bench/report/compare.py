@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from spark_bench.console import fmt_pct
 from spark_bench.report.model import RunData, geomean, match_key, natural_key, number, params_text, timing
 from spark_bench.stats import median_ci
 
@@ -85,7 +86,7 @@ def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
 
 def pct(fraction: float) -> str:
     """A threshold as the user gave it: 0.004 -> '0.4%', 0.05 -> '5%' (not rounded to whole percents)."""
-    return f"{fraction * 100:.3g}%"
+    return fmt_pct(fraction * 100)
 
 
 def rel_iqr(samples: Sequence[float]) -> float:
@@ -133,7 +134,7 @@ def timing_verdict(base: dict[str, Any], new: dict[str, Any], threshold: float, 
     half = math.hypot(_log_halfwidth(*ci_a), _log_halfwidth(*ci_b))
     lo, hi = (ratio * math.exp(-half), ratio * math.exp(half)) if math.isfinite(half) else (0.0, math.inf)
     v = Verdict("noisy", ratio, lo, hi, p, note)
-    separated = a and b and (min(b) > max(a) * (1.0 + threshold) or max(b) < min(a) * (1.0 - threshold))
+    separated = bool(a) and bool(b) and (min(b) > max(a) * (1.0 + threshold) or max(b) < min(a) * (1.0 - threshold))
     if (p < alpha or separated) and abs(ratio - 1.0) > threshold:
         v.verdict = "slower" if ratio > 1.0 else "faster"
         if p >= alpha:

@@ -225,8 +225,8 @@ def _measure(call, source, cpi, min_window_s, period_multiple, baseline_fraction
             out["energy_j_per_call_uncertainty"] = abs(net) * out["rel_uncertainty"]
             if net <= 0 or out["rel_uncertainty"] >= 1.0:  # no power measurably above idle: a J/call (and the
                 out["energy_j_per_call"] = out["energy_j_per_call_uncertainty"] = None  # GFLOP/J from it) made up
-                warnings.append(f"net power {avg_w - idle_w:+.2f} W is within its uncertainty "
-                                f"(±{unc_w + idle_unc_w:.2f} W) of the idle baseline: no net energy per call")
+                warnings.append(f"net power {avg_w - idle_w:+.2f} W (±{unc_w + idle_unc_w:.2f} W) is not measurably "
+                                "above that of the idle baseline: no net energy per call")
         out.update(_efficiency(flops, tokens, out["energy_j_per_call"], gross))
 
     instant, _ = integrate_power(sampler.between(busy.t0, busy.t1))
