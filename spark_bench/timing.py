@@ -7,8 +7,10 @@ Timers (each result records which one produced it):
   (allocated once per device) before each call, outside the event pair. Events inflate kernels under ~10 us
   several-fold.
 - `cuda-graph`: for small ops. A graph of `n` calls, each preceded by the flush, is replayed between events; a graph
-  of the `n` flushes alone is replayed interleaved with it, and its median is subtracted (tritonbench's method), so the
-  flush cost is accounted for, not ignored. Per-call time = (t_graph - median t_flush_graph) / n.
+  of the `n` flushes alone is replayed right after each replay of it, and each sample is the pair's difference:
+  per-call time = (t_graph_i - t_flush_graph_i) / n. tritonbench subtracts the flush graph's median from every
+  sample instead, which leaves the flush's own noise out of the CI; the paired difference keeps it in. A difference
+  below 0 (the call is lost in the flush's noise) is stored as 0 and counted in `clamped_samples`.
 `mode="auto"` uses events for calls estimated at >= 50 us and the graph below that, falling back to events (and saying
 so in `notes`) when the call cannot be captured.
 
@@ -47,7 +49,7 @@ class TimingConfig:
     target_rel_ci: float = 0.01
     flush: bool = True
     mode: str = "auto"  # auto | events | graph (CUDA); CPU devices always use the host clock
-    graph_target_us: float = 500.0  # unroll a graph until one replay takes about this long
+    graph_target_us: float = 500.0  # unroll the graph until its calls (the flushes not counted) take about this long
 
     @classmethod
     def quick(cls) -> TimingConfig:
@@ -242,16 +244,17 @@ def time_cuda_graph(calls: Sequence[Call], cfg: TimingConfig, device: str, estim
     while time.perf_counter() - t0 < cfg.warmup_s:
         replay(graph)
     warm = time.perf_counter() - t0
-    stopper, raw, flushes, samples = _Stopper(cfg), [], [], []
+    stopper, flushes, samples, clamped = _Stopper(cfg), [], [], 0
     while (stop := stopper.reason(samples)) is None:
-        raw.append(replay(graph))
-        if flush_graph is not None:
-            flushes.append(replay(flush_graph))
-        flush_us = float(torch.tensor(flushes).median()) if flushes else 0.0
-        samples = [max(r - flush_us, 0.0) / n for r in raw]
-    flush_per_call = (float(torch.tensor(flushes).median()) / n) if flushes else 0.0
+        t_graph = replay(graph)
+        flushes.append(replay(flush_graph) if flush_graph is not None else 0.0)
+        clamped += t_graph < flushes[-1]
+        samples.append(max(t_graph - flushes[-1], 0.0) / n)
+    flush_per_call = float(torch.tensor(flushes).median()) / n
+    notes = [f"{clamped} of {len(samples)} samples were within the flush's noise and stored as 0"] if clamped else []
     return _record(samples, stop, "cuda-graph", cfg, warm, stopper.elapsed(), calls_per_sample=n,
-                   flush_us_per_call_subtracted=round(flush_per_call, 4))
+                   flush_us_per_call_subtracted=round(flush_per_call, 4), clamped_samples=clamped,
+                   **({"notes": notes} if notes else {}))
 
 
 def measure(calls: Sequence[Call], device: str, cfg: TimingConfig) -> dict[str, Any]:

@@ -27,6 +27,8 @@ class FakeDevice:
         self.launched = 0
         self.current = 0  # torch.cuda.current_device()
         self.recorded_on: set[int] = set()  # the current device whenever an event was recorded
+        self.replays = 0
+        self.replay_jitter = lambda i: 0.0  # extra us of the i-th graph replay (noise a real GPU has)
 
     def kernel(self, us: float, fail_in_capture: bool = False):
         def launch() -> None:
@@ -62,7 +64,8 @@ class FakeDevice:
                 self.kernels: list[float] = []
 
             def replay(self) -> None:
-                device.clock_us += sum(self.kernels)
+                device.clock_us += sum(self.kernels) + device.replay_jitter(device.replays)
+                device.replays += 1
                 device.launched += len(self.kernels)
 
         @contextlib.contextmanager
@@ -124,6 +127,25 @@ def test_graph_subtracts_the_flush_graph_and_divides_by_the_calls_it_unrolls(gpu
     assert n == round(cfg.graph_target_us / kernel_us)  # about graph_target_us of work per replay
     assert rec["timer"] == "cuda-graph" and rec["median"] == pytest.approx(kernel_us)
     assert rec["flush_us_per_call_subtracted"] == pytest.approx(40.0 if flush else 0.0)
+
+
+def test_the_flush_graphs_noise_is_in_the_graph_timers_ci(gpu):
+    """Replays alternate call graph, flush graph: jitter on the flush replays alone. Subtracting the flushes' median
+    gave every sample the same value, a zero-width CI; the paired difference carries the flushes' spread."""
+    gpu.replay_jitter = lambda i: 0.0 if i % 2 == 0 else 6.0 * ((i * 7919) % 13) / 13
+    cfg = dataclasses.replace(CFG, min_samples=40, max_samples=40)
+    rec = timing.time_cuda_graph([gpu.kernel(2.0)], cfg, "cuda:0", estimate_us=2.0)
+    assert rec["ci_high"] > rec["ci_low"] and rec["max"] > rec["min"]
+    assert rec["median"] == pytest.approx(2.0, abs=6.0 / rec["calls_per_sample"])
+    assert rec["clamped_samples"] == 0 and "notes" not in rec
+
+
+def test_a_call_lost_in_the_flushs_noise_is_clamped_and_counted(gpu):
+    gpu.replay_jitter = lambda i: 0.0 if i % 2 == 0 else 800.0 * (i % 4 == 1)  # every other flush replay is slow
+    cfg = dataclasses.replace(CFG, min_samples=20, max_samples=20)
+    rec = timing.time_cuda_graph([gpu.kernel(1.0)], cfg, "cuda:0", estimate_us=1.0)
+    assert rec["clamped_samples"] == 10 and rec["min"] == 0.0 and rec["max"] == pytest.approx(1.0)
+    assert rec["notes"] == ["10 of 20 samples were within the flush's noise and stored as 0"]
 
 
 def test_graph_of_rotating_sets_times_their_mean(gpu):
