@@ -203,8 +203,12 @@ class CaseRunner:
             torch.cuda.synchronize()
 
         self.phase(case.case_id, "energy")
-        return measure_energy(invocation, case.device, calls_per_invocation=k, flops=cost.flops, tokens=cost.tokens,
-                              retries=2)
+        power = measure_energy(invocation, case.device, calls_per_invocation=k, flops=cost.flops, tokens=cost.tokens,
+                               retries=2)
+        # not the latency's regime (one flushed call at a time, maybe a CUDA graph): say so with the number
+        power["regime"] = (f"{k} eager calls per sync, back to back over {len(calls)} rotating input set(s), no L2 "
+                           "flush (warm L2)")
+        return power
 
 
 def _rss_peak_bytes() -> int:
@@ -269,6 +273,8 @@ def _log_to(path: str, moved_from: str | None = None) -> None:
 
 def main(conn, device: str, log_path: str | None) -> None:
     """Entry point of a spawned worker process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and stops its workers itself
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # spawned with it blocked (executors/local.py)
     _die_with_parent()
     try:
         os.setpgid(0, 0)  # its own process group: the runner ends whatever a backend started with it

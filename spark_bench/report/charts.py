@@ -222,7 +222,8 @@ class OpCharts:
             return e * scale if e is not None else None
 
         traces = self._lines(value, f"<b>%{{y:.4g}} {unit}/call</b>")
-        return self._figure(f"Energy per call ({unit}, lower is better)", f"{unit} / call", traces)
+        return self._figure(f"Energy per call ({unit}, calls back to back, warm L2; lower is better)",
+                            f"{unit} / call", traces)
 
     def roofline(self) -> dict[str, Any] | None:
         """Arithmetic intensity vs attained TFLOP/s, every case of the op, with the device's roofs when known."""

@@ -36,7 +36,8 @@ def cases_table(runs: Sequence[RunData], baseline: str) -> dict[str, Any]:
         _col("GB/s"), _col("TFLOP/s"), _col("roofline_%", "best fraction of a roof (see the summary)", sig=3),
         _col("roof", "which roof, and whether its peak was measured on this device or taken from the datasheet"),
         _col(f"x_{baseline}", f"speedup over {baseline}", digits=2), _col("err_ratio", "RMS(out-ref)/RMS(ref)"),
-        _col("energy_uJ", "energy per call"),
+        _col("energy_uJ", "energy per call, measured on calls back to back without the L2 flush (warm L2, eager "
+                          "launches; power.regime): not the regime of the latency columns"),
         _col("peak_MB", "peak memory of the case: device bytes on a GPU (max_memory_allocated), else the worker's "
                         "peak RSS (a high-water mark over the worker's earlier cases too)"),
         _col("labels"), _col("error", cls="err"),

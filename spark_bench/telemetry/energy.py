@@ -32,7 +32,7 @@ POWER_KEYS = (
     "calls_per_invocation", "invocation_s", "update_period_s", "cross_check", "gflop_per_j", "gflop_per_j_gross",
     "j_per_token", "j_per_token_gross", "sm_mhz_min", "sm_mhz_median", "mem_mhz_median", "default_sm_mhz",
     "temp_c_max", "power_limit_w", "default_power_limit_w", "throttle_reasons", "throttled", "throttle",
-    "source", "sources", "attempts", "warnings", "missing", "reason",
+    "source", "sources", "attempts", "warnings", "missing", "reason", "regime",
 )
 
 
