@@ -25,8 +25,8 @@ def check(out, ref, dtype):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-@pytest.mark.parametrize("seq_len,batch,seed", [(1, 2, 0), (3, 1, 1), (63, 1, 2), (64, 1, 3), (65, 2, 4),
-                                                (130, 1, 5)])
+@pytest.mark.parametrize("seq_len,batch,seed", [(1, 2, 0), (2, 2, 6), (3, 1, 1), (63, 1, 2), (64, 1, 3), (65, 2, 4),
+                                                (130, 1, 5), (500, 1, 7), (1000, 2, 8)])  # kda.md's edge lengths
 def test_fixed_lengths(backend, dtype, seq_len, batch, seed):
     params = {"batch": batch, "seq_len": seq_len, "varlen": "fixed", "heads": 3, "head_dim": 20}
     inputs = OP.make_inputs(params, dtype=dtype, seed=seed)
