@@ -132,9 +132,9 @@ def test_cost_model():
     c = OP.cost(p, "bf16")
     n_e = experts_hit_uniform(5, 8, 2)
     assert c.flops == 6 * 5 * 2 * 256 * 256
-    assert c.bytes == pytest.approx(n_e * 256 * 256 * (2 * 84 + 110) / 256 + 4 * 5 * 256)
+    assert c.bytes == pytest.approx(n_e * 256 * 256 * (2 * 84 + 110) / 256 + 4 * 5 * 256 + 8 * 5 * 2)
     worst = OP.cost({**p, "routing": "worst"}, "bf16")
-    assert worst.bytes == pytest.approx(2 * 256 * 256 * (2 * 84 + 110) / 256 + 4 * 5 * 256)
+    assert worst.bytes == pytest.approx(2 * 256 * 256 * (2 * 84 + 110) / 256 + 4 * 5 * 256 + 8 * 5 * 2)
     assert mod.op.rotate == ("topk_ids", "topk_weights")
 
 

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from spark_bench import Axis
+from spark_bench import Axis, Cost
 from spark_bench.dtypes import torch_dtype
 from spark_bench.inputs import generator, is_meta, randn, uniform
 
@@ -80,6 +80,15 @@ def experts_hit(routing: str, T: int, E: int, K: int) -> float:
     if routing in REPLAY_ROUTINGS:
         return replay_experts_hit(routing, T, E, K)
     return _experts_hit(routing, T, E, K)
+
+
+def experts_cost(p: dict, bytes_w13: float, bytes_w2: float) -> Cost:
+    """moe.md's fused routed experts: 6·T·K·I·D FLOPs; the weights of the n_e(T) experts hit, x in, y out (fp32-sized
+    as moe.md counts them) and the ids + weights read (8 B per slot), whatever the weights' format."""
+    T, D, E, K, I = p["tokens"], p["hidden"], p["experts"], p["topk"], p["inter"]
+    n_e = experts_hit(p.get("routing", "uniform"), T, E, K)
+    return Cost(flops=6 * T * K * I * D, bytes=n_e * I * D * (2 * bytes_w13 + bytes_w2) + 4 * T * D + 8 * T * K,
+                tokens=T)
 
 
 @functools.lru_cache(maxsize=256)

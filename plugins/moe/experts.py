@@ -18,8 +18,8 @@ from spark_bench.plugins.moe.common import (
     add_triton_paths,
     draw_routing,
     expert_weights,
+    experts_cost,
     experts_from_file,
-    experts_hit,
     model_presets,
     moe_binding,
     moe_fixed,
@@ -30,7 +30,7 @@ from spark_bench.plugins.moe.common import (
     silu_mul,
 )
 
-from spark_bench import Axis, Cost, Op, Tolerance, probes
+from spark_bench import Axis, Op, Tolerance, probes
 from spark_bench.compiled import add_torch_compile
 from spark_bench.inputs import generator, randn
 
@@ -98,11 +98,8 @@ def torch_experts_impl(x, topk_ids, topk_weights, w13, w2):
     return torch.zeros((T, x.shape[1]), dtype=torch.float32, device=x.device).index_add_(0, tok, out).to(x.dtype)
 
 
-def cost(p, dtype, bytes_w13=2.0, bytes_w2=2.0):
-    T, D, E, K, I = p["tokens"], p["hidden"], p["experts"], p["topk"], p["inter"]
-    n_e = experts_hit(p.get("routing", "uniform"), T, E, K)
-    return Cost(flops=6 * T * K * I * D, bytes=n_e * I * D * (2 * bytes_w13 + bytes_w2) + 4 * T * D + 8 * T * K,
-                tokens=T)
+def cost(p, dtype):
+    return experts_cost(p, bytes_w13=2.0, bytes_w2=2.0)
 
 
 op = Op(

@@ -14,7 +14,8 @@ torch (dequantize the hit experts with the torch dequant, F.grouped_mm; at prefi
 expert), torch_compile.
 Module-level functions (`triton_experts_gguf`, `torch_experts_gguf`, `reference_experts_gguf`) take the same
 arguments, so moe.shared_expert / moe.layer run a GGUF shared expert as E=1, K=1 (ids 0, weights 1).
-Cost: FLOPs 6*T*K*I*D; bytes n_e(T)*I*D*(2*84 + 110)/256 + 4*T*D, n_e from the routing (moe.md).
+Cost: FLOPs 6*T*K*I*D; bytes n_e(T)*I*D*(2*84 + 110)/256 + 4*T*D + 8*T*K, n_e from the routing (moe.md; the
+ids + weights as moe.experts counts them).
 """
 
 import functools
@@ -28,8 +29,8 @@ from spark_bench.plugins.moe.common import (
     X_STD,
     add_triton_paths,
     draw_routing,
+    experts_cost,
     experts_from_file,
-    experts_hit,
     format_weights,
     model_presets,
     moe_binding,
@@ -42,7 +43,7 @@ from spark_bench.plugins.moe.common import (
 )
 from spark_bench.plugins.quant import kquants
 
-from spark_bench import Axis, Backend, Cost, Op, Tolerance, probes
+from spark_bench import Axis, Backend, Op, Tolerance, probes
 from spark_bench.compiled import add_torch_compile
 from spark_bench.inputs import generator, randn
 
@@ -76,10 +77,7 @@ def reference_experts_gguf(x, topk_ids, topk_weights, w13_q, w2_q):
 
 
 def cost(p, dtype):
-    T, D, E, K, I = p["tokens"], p["hidden"], p["experts"], p["topk"], p["inter"]
-    n_e = experts_hit(p["routing"], T, E, K)
-    per_weight = 2 * kquants.bytes_per_weight(W13_FORMAT) + kquants.bytes_per_weight(W2_FORMAT)
-    return Cost(flops=6 * T * K * I * D, bytes=n_e * I * D * per_weight + 4 * T * D, tokens=T)
+    return experts_cost(p, kquants.bytes_per_weight(W13_FORMAT), kquants.bytes_per_weight(W2_FORMAT))
 
 
 def _valid(p):
