@@ -176,3 +176,20 @@ def test_reruns_of_a_commit_are_one_point():
     assert [(p.commit, p.median, p.run_ids, p.n) for p in points] == [
         ("a", 11.0, ["r0", "r1", "r2"], 30), (None, 50.0, ["r3"], 10), ("b", 20.0, ["r4"], 10)]
     assert points[1].label == "no commit"
+
+
+def test_a_step_where_the_timer_changed_says_so():
+    """`--timer auto` picks events or a graph per run from a probe: a case near the line can switch, and events
+    inflate small kernels, so the step must name the switch; a step with one timer throughout names none."""
+    def rows(timer_after):
+        rng = np.random.default_rng(3)
+        return [{"commit": f"c{i:02d}", "run_id": f"r{i}", "status": "ok", "median": m, "ci_low": m * 0.99,
+                 "ci_high": m * 1.01, "n": 50, "dirty": False, "commit_time": None, "created": None, "branch": None,
+                 "error": None, "timer": "cuda-graph" if i < 10 else timer_after}
+                for i, m in enumerate([3.0 * (1 + 0.005 * rng.standard_normal()) * (1 if i < 10 else 3)
+                                       for i in range(20)])]
+    (step,), _ = detect.find_steps(detect.points_of(rows("cuda-event")))
+    assert step.index == 10 and step.timer_change == "cuda-graph -> cuda-event"
+    assert step.to_dict()["timer_change"] == "cuda-graph -> cuda-event"
+    (step,), _ = detect.find_steps(detect.points_of(rows("cuda-graph")))
+    assert step.timer_change is None

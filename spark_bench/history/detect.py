@@ -52,6 +52,7 @@ class Point:
     branch: str | None = None
     error: str | None = None
     created: str | None = None  # when the first of its runs was made
+    timers: tuple[str, ...] = ()  # the timers of its passing runs (`--timer auto` picks one per run)
 
     @property
     def label(self) -> str:
@@ -79,12 +80,22 @@ class Step:
     def confidence(self) -> float:
         return 1.0 - self.p_value
 
+    @property
+    def timer_change(self) -> str | None:
+        """'cuda-event -> cuda-graph' when the points either side of the step were timed differently: events inflate
+        small kernels several-fold, so such a step may be the measurement's, not the code's."""
+        before, after = self.last_good.timers, self.first_bad.timers
+        if not before or not after or before == after:
+            return None
+        return f"{'/'.join(before)} -> {'/'.join(after)}"
+
     def to_dict(self) -> dict[str, Any]:
         return {"direction": self.direction, "ratio": self.ratio, "change_pct": (self.ratio - 1) * 100,
                 "confidence": self.confidence, "p_value": self.p_value, "before": self.before, "after": self.after,
                 "runs_before": self.n_before, "runs_after": self.n_after, "last_good_commit": self.last_good.commit,
                 "first_bad_commit": self.first_bad.commit, "first_bad_time": self.first_bad.time,
-                "first_bad_runs": self.first_bad.run_ids, "suspects": self.suspects}
+                "first_bad_runs": self.first_bad.run_ids, "suspects": self.suspects,
+                "timer_change": self.timer_change}
 
 
 @dataclasses.dataclass
@@ -117,7 +128,8 @@ def points_of(rows: Sequence[dict[str, Any]]) -> list[Point]:
                          median=mid("median"), ci_low=mid("ci_low"), ci_high=mid("ci_high"),
                          n=sum(int(r["n"] or 0) for r in ok), dirty=any(r["dirty"] for r in rs),
                          branch=first.get("branch"), error=None if ok else rs[-1].get("error"),
-                         created=min((r["created"] for r in rs if r["created"]), default=None)))
+                         created=min((r["created"] for r in rs if r["created"]), default=None),
+                         timers=tuple(sorted({r["timer"] for r in ok if r.get("timer")}))))
     return out
 
 

@@ -44,12 +44,13 @@ def steps_table(series: Sequence[Series]) -> dict[str, Any]:
                col("device"), col("change_%", "after / before − 1 of the segments' geometric means", digits=1),
                col("before"), col("after"), col("unit"), col("confidence", "1 − Bonferroni-adjusted p", digits=4),
                col("last_good"), col("first_bad"), col("first_bad_time"), col("first_run"),
+               col("timer_change", "the timer differs either side of the step: maybe the measurement's step"),
                col("suspects", "git log last_good..first_bad", cls="err")]
     found: list[tuple[Series, Step]] = [(s, st) for s in series for st in s.steps]
     found.sort(key=lambda x: (x[1].direction != "slower", -abs(x[1].ratio - 1)))
     rows = [[st.direction, s.case.op, s.case.backend, s.case.dtype, s.case.params_text, s.device,
              (st.ratio - 1) * 100, st.before, st.after, s.unit, st.confidence, st.last_good.label,
-             st.first_bad.label, st.first_bad.time, st.first_bad.run_ids[0],
+             st.first_bad.label, st.first_bad.time, st.first_bad.run_ids[0], st.timer_change or "",
              "\n".join(st.suspects) if st.suspects else ("" if st.suspects is not None else "(no repository)")]
             for s, st in found]
     return {"columns": columns, "rows": rows}
