@@ -1,6 +1,7 @@
 """Datasheet table, % of peak, the per-fingerprint cache and CPU calibration (tiny sizes)."""
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -178,3 +179,32 @@ def test_a_run_that_calibrates_a_busy_cpu_says_so_and_leaves_the_cache_empty(tmp
     assert "measured while the machine was busy (load average 2.6 on 2 CPUs)" in err
     assert json.loads((tmp_path / "run" / "run.json").read_text())["roofline"]["measured"]["busy"] is True
     assert load_cache(tmp_path / "cache.json") == {}
+
+
+def _unwritable(tmp_path):
+    """Cache paths that cannot be written: under a file, and (where there is one) /proc."""
+    (tmp_path / "a-file").write_text("")
+    paths = [tmp_path / "a-file" / "r.json"]
+    return paths + ([Path("/proc/spark-bench-x.json")] if Path("/proc/self").is_dir() else [])
+
+
+def test_calibrate_with_an_unwritable_cache_is_one_line_before_measuring(tmp_path, monkeypatch):
+    def measure(*args, **kwargs):
+        raise AssertionError("measured although the peaks could not be cached")
+
+    monkeypatch.setattr(cal, "calibrate", measure)
+    for cache in _unwritable(tmp_path):
+        got = CliRunner().invoke(calibrate_cmd, ["--device", "cpu", "--cache", str(cache)])
+        assert got.exit_code == 2 and got.stderr.strip().count("\n") == 0, (got.output, got.exception)
+        assert f"--cache {cache}: cannot write there" in got.stderr and "Traceback" not in got.stderr
+
+
+def test_an_unwritable_cache_keeps_the_measured_peaks_with_a_warning(tmp_path, monkeypatch, capsys):
+    entry = {"fingerprint_id": device_identity("cpu")["fingerprint_id"], "bandwidth_gbps": 1.0, "busy": False}
+    monkeypatch.setattr(cal, "calibrate", lambda *args, **kwargs: dict(entry))
+    for cache in _unwritable(tmp_path):  # roofline_for never raises: a run keeps its peaks
+        assert roofline_for("cpu", measure=True, cache=cache)["measured"] == entry
+        assert f"warning: roofline cache {cache} not written" in capsys.readouterr().err
+    with pytest.raises(OSError):
+        store(entry, tmp_path / "a-file" / "r.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # no temporary file left behind

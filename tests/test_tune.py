@@ -19,8 +19,8 @@ DEVICE = {"type": "cuda", "name": "NVIDIA Test", "capability": "9.0", "sm_count"
 def _store(entries, device=DEVICE):
     store = TunedStore.new(device, {"triton": "x"})
     for kernel, key, config, measured in entries:
-        store.put(kernel, {"key": key, "config": config, "time_us": 1.0, "default": {"config": {}, "time_us": 2.0},
-                           "speedup": 2.0, "measured": measured})
+        store.put(kernel, {"key": key, "config": config, "time_us": 1.0,
+                           "default": {"config": {"B": 2}, "time_us": 2.0}, "speedup": 2.0, "measured": measured})
     return store
 
 
@@ -276,3 +276,77 @@ def test_run_tuned_auto_finds_this_devices_table_and_warns_of_another_devices(tm
     _store([]).save(tmp_path / "gpu.json", "now")
     assert load_tuned(str(tmp_path / "gpu.json"), "cpu", tmp_path, warnings.append) is not None
     assert "was tuned on NVIDIA Test (sm 9.0)" in warnings[-1]
+
+
+def _bad_outs(tmp_path):
+    """--out files a tune could never write its table to, and what the one-line error says of each."""
+    (tmp_path / "notjson.json").write_text("{")
+    (tmp_path / "dir.json").mkdir()
+    (tmp_path / "a-file").write_text("")
+    _store([], device={**DEVICE, "name": "NVIDIA Other"}).save(tmp_path / "other.json", "now")
+    return [(tmp_path / "notjson.json", "not valid JSON"), (tmp_path / "dir.json", "is a directory"),
+            (tmp_path / "other.json", "measured on NVIDIA Other"), (tmp_path / "a-file" / "t.json", "cannot write")]
+
+
+def _no_plan(monkeypatch, plan):
+    """Planning (the first tuning work) returns `plan`, or fails the test when `plan` is None."""
+    def build(*args, **kwargs):
+        assert plan is not None, "the tune started before its --out was checked"
+        return plan
+
+    monkeypatch.setattr("spark_bench.tune.plan.build", build)
+
+
+def test_a_bad_tune_out_is_one_line_before_any_tuning(tmp_path, monkeypatch):
+    _no_plan(monkeypatch, None)
+    for out, needle in _bad_outs(tmp_path):
+        code, _, err = run_cli("tune", "--op", "kda.gate", "--device", "cpu", "--out", out, "--run-dir",
+                               tmp_path / "tune")
+        assert code == 2 and err.strip().count("\n") == 0 and needle in err and str(out) in err, err
+        assert not (tmp_path / "tune").exists()
+
+
+def test_tune_resume_takes_another_out_and_checks_it_first(tmp_path, monkeypatch):
+    _no_plan(monkeypatch, {"items": [], "untunable": [], "capture_errors": [], "target": None})
+    monkeypatch.setattr("spark_bench.results.RunStore.lock", lambda self: None)  # in-process: one tune at a time
+    run_dir = tmp_path / "tune"
+    code, _, err = run_cli("tune", "--op", "kda.gate", "--device", "cpu", "--executor", "inprocess", "--run-dir",
+                           run_dir, "--out", tmp_path / "first.json")
+    assert code == 0, err
+    for out, needle in _bad_outs(tmp_path):
+        code, _, err = run_cli("tune", "--resume", run_dir, "--out", out)
+        assert code == 2 and err.strip().count("\n") == 0 and needle in err, err
+    code, _, err = run_cli("tune", "--resume", run_dir, "--executor", "inprocess", "--out", tmp_path / "new.json")
+    assert code == 0, err
+    assert json.loads((run_dir / "run.json").read_text())["tune"]["out"] == str(tmp_path / "new.json")
+
+
+def _entry(**fields):
+    entry = {"key": {"n": 1}, "config": {"B": 8}, "time_us": 1.0, "default": {"config": {"B": 2}, "time_us": 2.0},
+             "speedup": 2.0, **fields}
+    return {k: v for k, v in entry.items() if v is not None}
+
+
+@pytest.mark.parametrize("entry, needle", [
+    (_entry(default=None), '"default" must be an object'),
+    (_entry(default={"config": {"B": 2}}), '"default.time_us" must be a finite number'),
+    (_entry(speedup=None), '"speedup" must be a finite number'),
+    (_entry(speedup="fast"), '"speedup" must be a finite number'),
+    (_entry(runner_up={"config": [], "time_us": 1.0}), '"runner_up.config" must be a non-empty object'),
+    (_entry(within_noise={"speedup": 1.0}), '"within_noise" must be null or an object'),
+    (_entry(labels="gpu"), '"labels" must be a list of strings'),
+])
+def test_tuned_show_refuses_an_entry_it_could_not_print(tmp_path, entry, needle):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({**_store([]).data, "kernels": {"k": [entry]}}))
+    code, _, err = run_cli("tuned", "show", path)
+    assert code == 2 and err.strip().count("\n") == 0 and f"kernel 'k' entry 0: {needle}" in err, err
+
+
+def test_tuned_show_prints_rich_markup_in_names_as_text(tmp_path):
+    path = tmp_path / "t.json"
+    table = _store([], device={**DEVICE, "name": "NVIDIA [bold]X"})
+    table.put("k[/]", _entry(key={"n": "[red]"}, labels=["[/]"]))
+    table.save(path, "now")
+    code, out, _ = run_cli("tuned", "show", path)
+    assert code == 0 and "k[/]" in out and "n=[red]" in out and "NVIDIA [bold]X" in out, out

@@ -61,9 +61,12 @@ def _provenance(measured: dict[str, Any], cached: bool, seconds: float) -> str:
 def calibrate(device: str | None, as_json: bool, cache: Path | None, force: bool) -> None:
     """Measure this device's memory bandwidth and matmul peaks (cached per device fingerprint), beside the
     datasheet."""
-    from spark_bench.telemetry.roofline import cache_path, load_cache, percent_of_peak, roofline_for
+    from spark_bench.telemetry.roofline import cache_path, load_cache, percent_of_peak, roofline_for, write_problem
 
     device = _device(device)
+    problem = write_problem(cache) if cache is not None else None  # before measuring: the peaks would be lost
+    if problem:
+        _fail(f"--cache {cache}: {problem}")
     start = time.perf_counter()
     if not as_json:
         click.echo(f"calibrating {device} (cache {cache_path(cache)})...", err=True)

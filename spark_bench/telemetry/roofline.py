@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -189,15 +190,38 @@ def load_cache(path: str | Path | None = None) -> dict[str, Any]:
     return data["entries"]
 
 
+def write_problem(path: str | Path) -> str | None:
+    """Why a file cannot be written (atomically, as the cache and a tuned table are) at `path`, or None. It creates
+    and removes a file in the nearest existing folder: permission bits do not say it (root, /proc, read-only mounts)."""
+    path = Path(path)
+    if path.is_dir():
+        return "is a directory"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    probe = folder / f".{path.name}.{os.getpid()}.probe"
+    try:
+        probe.touch(exist_ok=False)
+        probe.unlink()
+    except OSError as exc:
+        return f"cannot write there ({exc.strerror or exc})"
+    return None
+
+
 def store(entry: dict[str, Any], path: str | Path | None = None) -> Path:
-    """Add or replace one measured entry (keyed by its fingerprint_id), atomically."""
+    """Add or replace one measured entry (keyed by its fingerprint_id), atomically; OSError if it cannot be written
+    (no temporary file is left behind)."""
     target = cache_path(path)
     entries = load_cache(target)
     entries[entry["fingerprint_id"]] = entry
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"schema": CACHE_SCHEMA, "schema_version": 1, "entries": entries}, indent=1))
-    os.replace(tmp, target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"schema": CACHE_SCHEMA, "schema_version": 1, "entries": entries}, indent=1))
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     return target
 
 
@@ -218,7 +242,11 @@ def roofline_for(device: str = "cuda", *, measure: bool = False, force: bool = F
 
         measured = calibrate(device, identity=ident)
         if force or not measured.get("busy"):  # busy: this run uses the low peaks (labelled); the next re-measures
-            store(measured, cache)
+            try:
+                store(measured, cache)
+            except OSError as exc:  # this run keeps its peaks; the next one measures again
+                print(f"warning: roofline cache {cache_path(cache)} not written ({exc.strerror or exc}): the next "
+                      "run measures the peaks again", file=sys.stderr)
     return {"measured": measured, "datasheet": datasheet}
 
 

@@ -45,7 +45,8 @@ def load_tuned(spec: str | None, device: str, root: Path, warn) -> dict[str, Any
 @click.option("--budget", type=float, default=None, metavar="S",
               help="Seconds the whole search may take (planning included); the likely winners are timed first.")
 @click.option("--out", type=click.Path(path_type=Path), default=None, metavar="FILE",
-              help="Tuned-config table to write or merge into (default: results/tuned/<this device>.json).")
+              help="Tuned-config table to write or merge into (default: results/tuned/<this device>.json; with "
+              "--resume, the one the tune was started with).")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Directory of the tune's journal (default results/tune-<id>).")
 @click.option("--resume", type=click.Path(path_type=Path), default=None, help="Finish an interrupted tune in DIR.")
@@ -76,8 +77,8 @@ def tune(ops, backends, preset, sets, dtypes, device, quick, full, seed, budget,
         raise UsageError(f"unknown --target {target!r}; choose from {', '.join(TARGETS)}, none")
     say = lambda line: click.echo(line, err=True)  # noqa: E731
     if resume is not None:
-        refuse_sweep_options_with_resume(click.get_current_context(), resume)
-        session = TuneSession.resume(resume)
+        refuse_sweep_options_with_resume(click.get_current_context(), resume, allowed=("out",))
+        session = TuneSession.resume(resume, out)
         if budget is not None:  # a resumed tune may be given more (or less) time
             session.tune["budget_s"] = budget
     else:
@@ -120,14 +121,11 @@ def show(path: Path) -> None:
 def merge(paths: tuple[Path, ...], out: Path, force: bool) -> None:
     """Merge tables of one device: every key any of them holds; the newer measurement wins a key two hold."""
     from spark_bench.results import now
-    from spark_bench.tune.store import StoreError, TunedStore
+    from spark_bench.tune.store import TunedStore
 
     tables = [TunedStore.load(p) for p in paths]
     merged = TunedStore(dict(tables[0].data, kernels={}), tables[0].path)
     for table in tables:
         merged.merge(table, force=force)
-    try:
-        merged.save(out, now())
-    except OSError as exc:  # a directory, a read-only place: one line, not a traceback
-        raise StoreError(f"--out {out}: {exc.strerror or exc}") from None
+    merged.save(out, now())  # a directory, a read-only place: one line (StoreError), not a traceback
     click.echo(f"{out}: {sum(len(v) for v in merged.kernels.values())} entries from {len(tables)} table(s)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from spark_bench.tune.space import config_id
@@ -29,9 +30,10 @@ def entries_table(rows: list[tuple[str, dict[str, Any]]], title: str) -> Table:
         chosen = "(default)" if e["config"] == e["default"]["config"] else config_id(e["config"])
         close = e.get("within_noise")
         note = f" ({close['speedup']:.3f}x, within the ±{close['noise']:.1%} noise)" if close else ""
-        table.add_row(kernel, _key(e["key"]), chosen, _us(e["time_us"]), _us(e["default"]["time_us"]),
-                      f"{e['speedup']:.3f}x", f"{config_id(runner['config'])} {_us(runner['time_us'])}{note}"
-                      if runner else "-", str(e.get("cases", "")), ",".join(e.get("labels") or []))
+        cells = [kernel, _key(e["key"]), chosen, _us(e["time_us"]), _us(e["default"]["time_us"]),
+                 f"{e['speedup']:.3f}x", f"{config_id(runner['config'])} {_us(runner['time_us'])}{note}"
+                 if runner else "-", str(e.get("cases", "")), ",".join(e.get("labels") or [])]
+        table.add_row(*map(escape, cells))  # a table's names are text, never rich markup (`k[/]`)
     return table
 
 
@@ -41,8 +43,8 @@ def print_store(store) -> None:
 
     out = console()
     rows = store.entries()
-    out.print(entries_table(rows, f"{store.path}: {describe_device(store.data['device'])}, updated "
-                                  f"{store.data.get('updated')}, {len(rows)} entries"))
+    out.print(entries_table(rows, escape(f"{store.path}: {describe_device(store.data['device'])}, updated "
+                                         f"{store.data.get('updated')}, {len(rows)} entries")))
 
 
 def print_table(session, path: Path | None) -> None:
@@ -53,7 +55,7 @@ def print_table(session, path: Path | None) -> None:
     out = console()
     records = session.store.read_results()
     rows = select(session.tune["plan"], records)
-    out.print(entries_table(rows, f"spark-bench tune {session.store.path.name}: {len(rows)} tuned entries"))
+    out.print(entries_table(rows, escape(f"spark-bench tune {session.store.path.name}: {len(rows)} tuned entries")))
     plan = session.tune["plan"]
     pruned = sum(c["status"] == "pruned" for i in plan["items"] for c in i["candidates"])
     failed = [r for r in records if r["status"] != "ok"]

@@ -46,13 +46,15 @@ class TuneSession:
         from spark_bench.fingerprint import fingerprint
         from spark_bench.runner import default_timeout
         from spark_bench.session import Session
-        from spark_bench.tune.store import default_path
+        from spark_bench.tune.store import default_path, open_out
 
         t0 = time.monotonic()
         base = [c for c in Session._cases(spec) if not c.skip and (spec.backends or fnmatch(c.backend, "triton*"))]
         if not base:
             raise UsageError("nothing to tune: the selection has no runnable Triton backend case")
         fp = fingerprint(spec.device, weights=spec.weights)
+        out = out if out is not None else default_path(fp["device"], results_root)
+        open_out(out, fp["device"])  # a table that could not be written must not cost the tune first
         target, note = planning.prune_target(spec.device, target, fp["device"])
         say(f"tune: {note}")
         run_id = "tune-" + results.new_run_id(spec.device) if run_dir is None else Path(run_dir).name
@@ -64,7 +66,7 @@ class TuneSession:
         for line in planning.summary_lines(the_plan):
             say(line)
         tune = {"plan": the_plan, "budget_s": budget_s, "spent_s": round(time.monotonic() - t0, 3),
-                "out": str(out if out is not None else default_path(fp["device"], results_root)),
+                "out": str(out),
                 "target": target, "target_note": note}
         timeout_s = timeout if timeout is not None else default_timeout(spec.device)
         store.create({"run_id": run_id, "kind": "tune", "created": results.now(), "finished": None,
@@ -74,7 +76,10 @@ class TuneSession:
         return cls(store, spec, cfg, timeout_s, tune)
 
     @classmethod
-    def resume(cls, path: Path) -> TuneSession:
+    def resume(cls, path: Path, out: Path | None = None) -> TuneSession:
+        """The tune in `path`, writing its table to `out` (default: the --out it was started with), checked first."""
+        from spark_bench.tune.store import open_out
+
         store = results.RunStore(path)
         run = store.read_run()
         if run.get("kind") != "tune" or not isinstance(run.get("tune"), dict):
@@ -85,8 +90,12 @@ class TuneSession:
         from spark_bench.session import stored_sweep
 
         spec, cfg, timeout_s = stored_sweep(store, run)
+        tune = run["tune"]
+        if out is not None:
+            tune["out"] = str(out)
+        open_out(tune["out"], run["fingerprint"]["device"])
         store.repair_tail()
-        return cls(store, spec, cfg, timeout_s, run["tune"])
+        return cls(store, spec, cfg, timeout_s, tune)
 
     def rounds(self) -> list[list[Case]]:
         """Round 0: the base cases; round r: the r-th surviving candidate of every (case, kernel)."""
@@ -162,21 +171,18 @@ class TuneSession:
         return n if mean <= 0 else max(0, min(n, int(left // mean)))
 
     def _write(self, entries: list[tuple[str, dict[str, Any]]], run: dict[str, Any]) -> Path:
-        from spark_bench.tune.store import StoreError, TunedStore
+        from spark_bench.tune.store import TunedStore, open_out
 
         out = Path(self.tune["out"])
         fp = run["fingerprint"]
         fresh = TunedStore.new(fp["device"], {k: fp.get("versions", {}).get(k) for k in ("torch", "triton")})
         for kernel, entry in entries:
             fresh.put(kernel, {**entry, "run": str(self.store.path)})
-        if out.exists():
-            table = TunedStore.load(out)
-            try:
-                table.merge(fresh)
-            except StoreError as exc:
-                raise StoreError(f"{exc}; pass another --out") from None
-        else:
+        table = open_out(out, fp["device"])  # again: it may have changed while the tune ran
+        if table is None:
             table = fresh
+        else:
+            table.merge(fresh)
         return table.save(out, results.now())
 
 

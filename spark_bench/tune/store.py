@@ -116,15 +116,38 @@ class TunedStore:
         return taken
 
     def save(self, path: Path | str, updated: str) -> Path:
+        """Write the table to `path` (an --out): a directory or a read-only place is one line (StoreError)."""
         from spark_bench.results import write_text_atomic
 
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.data["updated"] = updated
         self.data["kernels"] = {k: self.kernels[k] for k in sorted(self.kernels)}
-        write_text_atomic(path, json.dumps(self.data, indent=1, sort_keys=False) + "\n")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(path, json.dumps(self.data, indent=1, sort_keys=False) + "\n")
+        except OSError as exc:
+            raise StoreError(f"--out {path}: {exc.strerror or exc}") from None
         self.path = path
         return path
+
+
+def open_out(path: Path | str, device_info: Mapping[str, Any]) -> TunedStore | None:
+    """`tune --out FILE`, checked before any tuning: the table to merge into, or None when FILE is new. StoreError
+    for a directory, an unwritable place, a file that is not a tuned-config table, or another device's table."""
+    from spark_bench.telemetry.roofline import write_problem
+
+    path = Path(path)
+    problem = write_problem(path)
+    if problem:
+        raise StoreError(f"--out {path}: {problem}")
+    if not path.exists():
+        return None
+    table = TunedStore.load(path)
+    ident, ident_id = device_identity(device_info)
+    if table.data["device_id"] != ident_id:
+        raise StoreError(f"--out {path}: measured on {describe_device(table.data['device'])}, not this "
+                         f"{describe_device(ident)}; pass another --out")
+    return table
 
 
 def describe_device(ident: Mapping[str, Any]) -> str:
@@ -145,6 +168,37 @@ def _config_problem(config: Any) -> str | None:
     return None
 
 
+def _timed_problem(obj: Any, where: str = "") -> str | None:
+    """Why `obj` (an entry, or its `where` = "default." / "runner_up.") is not {"config", "time_us"}, or None."""
+    if not isinstance(obj, dict):
+        return f"\"{where.rstrip('.')}\" must be an object with \"config\" and \"time_us\""
+    problem = _config_problem(obj.get("config"))
+    if problem:
+        return f"\"{where}config\" {problem}"
+    return None if _is_number(obj.get("time_us")) else f"\"{where}time_us\" must be a finite number"
+
+
+def _entry_problem(entry: Any) -> str | None:
+    """Why one entry is not what `tune` writes (the fields `tuned show` and the report print), or None."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("key"), dict):
+        return "needs a \"key\" object"
+    problem = _timed_problem(entry) or _timed_problem(entry.get("default"), "default.")
+    if problem:
+        return problem
+    if entry.get("runner_up") is not None and (problem := _timed_problem(entry["runner_up"], "runner_up.")):
+        return problem
+    if not _is_number(entry.get("speedup")):
+        return "\"speedup\" must be a finite number"
+    close = entry.get("within_noise")
+    if close is not None and not (isinstance(close, dict) and _is_number(close.get("speedup"))
+                                  and _is_number(close.get("noise"))):
+        return "\"within_noise\" must be null or an object with a numeric \"speedup\" and \"noise\""
+    labels = entry.get("labels")
+    if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+        return "\"labels\" must be a list of strings"
+    return None
+
+
 def validate(data: Any) -> str | None:
     """Why `data` is not a usable store (one line), or None."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
@@ -160,14 +214,9 @@ def validate(data: Any) -> str | None:
         if not isinstance(rows, list):
             return f"kernel {kernel!r}: must be a list of entries"
         for i, entry in enumerate(rows):
-            where = f"kernel {kernel!r} entry {i}"
-            if not isinstance(entry, dict) or not isinstance(entry.get("key"), dict):
-                return f"{where}: needs a \"key\" object"
-            problem = _config_problem(entry.get("config"))
+            problem = _entry_problem(entry)
             if problem:
-                return f"{where}: \"config\" {problem}"
-            if not _is_number(entry.get("time_us")):
-                return f"{where}: \"time_us\" must be a finite number"
+                return f"kernel {kernel!r} entry {i}: {problem}"
     return None
 
 
