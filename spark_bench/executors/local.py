@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,13 @@ class Worker:
 
         self.process = ctx.Process(target=worker.main, args=(child, device, str(self.log_path)), daemon=True)
         with _SPAWN_LOCK:
+            # spawned with SIGINT blocked, then ignored (worker.main): Ctrl-C is the parent's, which stops the workers
+            # itself; a worker must not die of it, with a traceback on the terminal, while it imports torch. The
+            # resource tracker first: starting it unblocks SIGINT in this thread
+            resource_tracker.ensure_running()
             saved = {k: os.environ.get(k) for k in env or {}}
             os.environ.update(env or {})
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
                 self.process.start()
             finally:
@@ -78,6 +84,7 @@ class Worker:
                         os.environ.pop(k, None)
                     else:
                         os.environ[k] = v
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C held meanwhile is raised here
         child.close()
         self.pid: int | None = None
 
