@@ -201,7 +201,8 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
 @click.option("--op", "ops", multiple=True, metavar="GLOB", help="Only these ops (globs, repeatable).")
 @click.option("--backend", "backends", multiple=True, metavar="GLOB", help="Only these backends (globs, repeatable).")
 @click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (repeatable or comma-separated).")
-@click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Only these values of an axis (repeatable).")
+@click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2",
+              help="Only these values of an axis (repeatable; by value: fused=true, tokens=064).")
 @click.option("--limit", default=400, show_default=True, type=click.IntRange(min=1), help="Rows shown at most.")
 def show_cmd(run_dir: Path, failed: bool, ops: tuple[str, ...], backends: tuple[str, ...], dtypes: tuple[str, ...],
              sets: tuple[str, ...], limit: int) -> None:

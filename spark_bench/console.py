@@ -26,6 +26,12 @@ def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 
 
+def status_markup(status: str) -> str:
+    """A status in its style, as rich markup (an unknown status unstyled, never parsed as markup)."""
+    style = STATUS_STYLE.get(status)
+    return f"[{style}]{escape(status)}[/]" if style else escape(status)
+
+
 def fmt_params(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
 
@@ -108,8 +114,8 @@ def _op_table(op: str, rows: list[dict[str, Any]], fastest: dict[tuple, float]) 
         ratio = fmt_num(median / best, 3) if median is not None and best else "-"
         if median is not None and median == best:
             ratio = f"[bold green]{ratio}[/]"
-        cells.append([escape(record_backend(rec)), escape(fmt_params(varying)) or "-", rec["dtype"],
-                      f"[{STATUS_STYLE.get(status, '')}]{status}[/]", latency_cell(rec), ratio,
+        cells.append([escape(record_backend(rec)), escape(fmt_params(varying)) or "-", escape(rec["dtype"]),
+                      status_markup(status), latency_cell(rec), ratio,
                       fmt_num(rec.get("gbps")), fmt_num(rec.get("tflops")), roofline_cell(rec),
                       fmt_num(check.get("err_ratio"), 2),
                       fmt_num(peak_mb(rec)), escape(labels)])
@@ -182,12 +188,12 @@ def failures_table(records: Sequence[dict[str, Any]]) -> Table | None:
     for col in ("status", "case", "reason"):
         table.add_column(col, overflow="fold")
     for rec in failed:
-        table.add_row(f"[{STATUS_STYLE.get(rec['status'], '')}]{rec['status']}[/]",
+        table.add_row(status_markup(rec["status"]),
                       escape(f"{rec['op']} {rec['backend']} {fmt_params(rec['params'])} {rec['dtype']}"),
                       escape(first_line(rec.get("error"))))
     for group in skipped:
         cases = f"{group['count']} cases" if group["count"] > 1 else "1 case"
-        table.add_row(f"[{STATUS_STYLE['skipped']}]skipped[/]", escape(f"{group['op']} {group['backend']} ({cases})"),
+        table.add_row(status_markup("skipped"), escape(f"{group['op']} {group['backend']} ({cases})"),
                       escape(first_line(group["reason"])))
     return table
 
@@ -276,7 +282,7 @@ class SweepProgress:
             if record["status"] in FAILED:
                 detail = (f"{case.op} {backend_label(case)} {fmt_params(case.params)} {case.dtype}: "
                           f"{record.get('error') or ''}")
-                self.out.print(f"[{STATUS_STYLE[record['status']]}]{record['status']}[/] {escape(detail[:200])}")
+                self.out.print(f"{status_markup(record['status'])} {escape(detail[:200])}")
             return
         if record["status"] == "skipped":
             self.folded.append((case, record))

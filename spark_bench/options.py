@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from spark_bench.results import ResultsError
-from spark_bench.sweep import SweepSpec, UsageError, merge_sets
+from spark_bench.sweep import SweepSpec, UsageError, dtype_list, merge_sets
 
 RESULTS_ROOT = Path("results")  # where runs, tuned tables and history live unless told otherwise
 
@@ -96,7 +96,8 @@ def sweep_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      "'triton*'. Default: every default one."),
         click.option("--preset", default=None, help="Named model shape set, e.g. kimi-linear."),
         click.option("--set", "sets", multiple=True, metavar="[OP:]AXIS=V1,V2",
-                     help="Sweep these values of an axis (OP:AXIS: only on the ops the name or glob OP matches)."),
+                     help="Sweep these values of an axis (OP:AXIS: only on the ops the name or glob OP matches). "
+                     "On one op, an exact OP beats a glob, a glob beats a plain AXIS; two globs are an error."),
         click.option("--dtype", "dtypes", multiple=True, help="bf16, fp16, fp32 (repeatable or comma-separated)."),
         click.option("--device", default=None, help="cpu or cuda[:N] (default: cuda if present, else cpu)."),
         click.option("--quick", is_flag=True, help="Small shapes and a short timing budget: every op in minutes."),
@@ -112,5 +113,5 @@ def sweep_spec(*, ops, backends, preset, sets, dtypes, device: str, quick: bool,
                weights: dict[str, Any] | None = None) -> SweepSpec:
     """The SweepSpec of `sweep_options` values (device already checked). CPU sweeps are quick unless --full."""
     return SweepSpec(ops=list(ops), backends=list(backends), preset=preset, overrides=merge_sets(sets),
-                     dtypes=list(dict.fromkeys(d for text in dtypes for d in text.split(",") if d)), device=device,
+                     dtypes=dtype_list(dtypes), device=device,
                      quick=quick or (device == "cpu" and not full), seed=seed, weights=weights)

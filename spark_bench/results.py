@@ -62,34 +62,72 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
 }
 REQUIRED = ("case_id", "op", "backend", "params", "dtype", "device", "status")
 RUN_FIELDS: dict[str, tuple[type, ...]] = {
-    "run_id": (str,), "created": (str, _NONE), "finished": (str, _NONE), "fingerprint": (dict, _NONE),
+    "run_id": (str,), "created": (str, _NONE), "finished": (str, _NONE), "fingerprint": (dict,),
     "command": (list, _NONE), "spec": (dict, _NONE), "roofline": (dict, _NONE), "summary": (dict, _NONE),
 }
 _JSON_NAMES = {str: "a string", dict: "an object", list: "a list", int: "a number", float: "a number",
                bool: "true/false", _NONE: "null"}
+# nested fields the commands read, by path: 'a.b' a key of an object, 'a.*' every value of one, 'a[]' every item of a
+# list (docs/results.md); a path under a missing field or one of another type is not checked
+_NUM, _OBJ, _STR = (*_NUMBER, _NONE), (dict, _NONE), (str, _NONE)
+_TIMING_NUMBERS = ("mean", "min", "max", "p10", "p90", "iqr", "ci_low", "ci_high", "ci_level", "rel_ci", "n")
+RECORD_NESTED: dict[str, tuple[type, ...]] = {
+    "params.*": (str, *_NUMBER, bool, _NONE), "labels[]": (str,), "timing.median": _NUMBER, "timing.timer": _STR,
+    "timing.unit": _STR, **{f"timing.{k}": _NUM for k in _TIMING_NUMBERS}, "timing.samples": (list, _NONE),
+    "timing.samples[]": _NUMBER, "check.ok": (bool, _NONE), "check.message": _STR,
+    **{f"check.{k}": _NUM for k in ("err_ratio", "max_abs", "cosine")},
+    **{f"cost.{k}": _NUM for k in ("flops", "bytes", "tokens")},
+    "power.avg_w": _NUM, "power.energy_j_per_call": _NUM, "power.source": _STR,
+    **{f"roofline.pct_{k}": _NUM for k in ("bw_measured", "bw_datasheet", "flops_measured", "flops_datasheet")},
+    **{f"memory.{k}": _NUM for k in ("rss_peak_bytes", "rss_peak_increase_bytes", "device_peak_bytes")},
+}
+RUN_NESTED: dict[str, tuple[type, ...]] = {
+    "fingerprint.device": (dict,), "fingerprint.device.name": _STR, "fingerprint.device.type": _STR,
+    **{f"fingerprint.device.{k}": _NUM for k in ("memory_bytes", "l2_bytes", "sm_count")},
+    **{f"fingerprint.{k}": _OBJ for k in ("cpu", "versions", "git", "weights")}, "fingerprint.fingerprint_id": _STR,
+    "fingerprint.weights.size_bytes": _NUM, "fingerprint.weights.routing": _OBJ,
+    "roofline.measured": _OBJ, "roofline.datasheet": _OBJ,
+}
 
 
 def _type_name(value: Any) -> str:
     return _JSON_NAMES.get(type(value), type(value).__name__)
 
 
+def _at(value: Any, path: str, name: str = "") -> list[tuple[str, Any]]:
+    """(name, value) of each member of `value` that `path` (a key of RECORD_NESTED or RUN_NESTED) names."""
+    if not path:
+        return [(name, value)]
+    part, _, rest = path.partition(".")
+    key = part.removesuffix("[]")
+    keys = list(value) if key == "*" and isinstance(value, dict) else [key] if isinstance(value, dict) else []
+    found = [(f"{name}.{k}" if name else k, value[k]) for k in keys if k in value]
+    if part.endswith("[]"):
+        found = [(f"{n}[{i}]", x) for n, items in found if isinstance(items, list) for i, x in enumerate(items)]
+    return [hit for n, v in found for hit in _at(v, rest, n)]
+
+
+def schema_problem(obj: dict[str, Any], schema: dict[str, tuple[type, ...]]) -> str | None:
+    """The first field of `obj` whose JSON type `schema` (path -> types) does not allow, as one line; else None."""
+    for path, types in schema.items():
+        for name, value in _at(obj, path):
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                want = " or ".join(dict.fromkeys(_JSON_NAMES[t] for t in types))
+                return f"field {name!r} must be {want}, not {_type_name(value)}"
+    return None
+
+
 def record_problem(rec: Any) -> str | None:
-    """Why a results.jsonl record does not follow the schema (one line), or None when it does."""
+    """Why a results.jsonl record (amendments merged) does not follow the schema (one line), or None when it does."""
     if not isinstance(rec, dict):
         return f"not a JSON object but {_type_name(rec)}"
     for key in REQUIRED:
         if key not in rec:
             return f"missing required field {key!r}"
-    for key, types in RECORD_FIELDS.items():
-        if key in rec and (not isinstance(rec[key], types) or (isinstance(rec[key], bool) and bool not in types)):
-            want = " or ".join(dict.fromkeys(_JSON_NAMES[t] for t in types))
-            return f"field {key!r} must be {want}, not {_type_name(rec[key])}"
-    if rec["status"] not in STATUSES:
+    problem = schema_problem(rec, RECORD_FIELDS)
+    if problem is None and rec["status"] not in STATUSES:
         return f"unknown status {rec['status'][:40]!r} (one of {', '.join(STATUSES)})"
-    timing = rec.get("timing")
-    if isinstance(timing, dict) and not isinstance(timing.get("median", 0), _NUMBER):
-        return "field 'timing.median' must be a number"
-    return None
+    return problem or schema_problem(rec, RECORD_NESTED)
 
 
 def _read_text(path: Path) -> str:
@@ -102,8 +140,9 @@ def _read_text(path: Path) -> str:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write `path` through a temporary file that is removed if the write fails (a full disk leaves no `.tmp`)."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Write `path` through a temporary file that is removed if the write fails (a full disk leaves no `.tmp`); the
+    temporary file is per process, so two writers of one file (a shared cache) never mix their bytes."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
@@ -112,6 +151,24 @@ def write_text_atomic(path: Path, text: str) -> None:
         if is_no_space(exc):
             raise DiskFullError(f"no space left writing {path} ({exc.strerror})") from None
         raise
+
+
+def write_problem(path: str | Path) -> str | None:
+    """Why a file cannot be written (atomically, as the cache and a tuned table are) at `path`, or None. It creates
+    and removes a file in the nearest existing folder: permission bits do not say it (root, /proc, read-only mounts)."""
+    path = Path(path)
+    if path.is_dir():
+        return "is a directory"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    probe = folder / f".{path.name}.{os.getpid()}.probe"
+    try:
+        probe.touch(exist_ok=False)
+        probe.unlink()
+    except OSError as exc:
+        return f"cannot write there ({exc.strerror or exc})"
+    return None
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
@@ -188,10 +245,9 @@ class RunStore:
         if run.get("schema_version") != SCHEMA_VERSION:
             raise ResultsError(f"{self.run_file}: schema version {json.dumps(run.get('schema_version'))[:40]}, "
                                f"this spark-bench reads {SCHEMA_VERSION}")
-        for key, types in RUN_FIELDS.items():
-            if key in run and not isinstance(run[key], types):
-                want = " or ".join(dict.fromkeys(_JSON_NAMES[t] for t in types))
-                raise ResultsError(f"{self.run_file}: field {key!r} must be {want}, not {_type_name(run[key])}")
+        problem = schema_problem(run, RUN_FIELDS) or schema_problem(run, RUN_NESTED)
+        if problem:
+            raise ResultsError(f"{self.run_file}: {problem}")
         return run
 
     def repair_tail(self) -> None:
@@ -260,6 +316,9 @@ class RunStore:
         for rec in reversed(records):
             if rec["case_id"] == target:
                 rec.update(fields)
+                problem = record_problem(rec)
+                if problem:
+                    raise ResultsError(f"{self.results_file}:{number}: amendment: {problem}")
                 if label and label not in rec.setdefault("labels", []):
                     rec["labels"].append(label)
                 return
@@ -289,9 +348,12 @@ def record_matches(record: dict[str, Any], ops: tuple[str, ...] = (), backends: 
 
 def select_records(records: list[dict[str, Any]], ops: tuple[str, ...] = (), backends: tuple[str, ...] = (),
                    dtypes: tuple[str, ...] = (), sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """The records matching every given filter: op and backend globs, dtypes, and AXIS=V1,V2 values (compared as
-    text). A filter that matches nothing in the run raises ResultsError naming what the run has."""
-    dtypes = tuple(d for text in dtypes for d in text.split(",") if d)
+    """The records matching every given filter: op and backend globs, dtypes, and AXIS=V1,V2 values (compared by
+    value: `sweep.select_by_sets`). A filter that matches nothing in the run raises ResultsError naming what the run
+    has; an unknown axis, or a value it cannot take, UsageError."""
+    from spark_bench.sweep import dtype_list, select_by_sets  # run's own --set syntax (sweep imports this module)
+
+    dtypes = tuple(dtype_list(dtypes))
     found = list(records)
     for field, globs in (("op", ops), ("backend", backends), ("dtype", dtypes)):
         if not globs:  # no filter: a run with no finished case yet (Ctrl-C in its first case) is an empty table
@@ -301,17 +363,5 @@ def select_records(records: list[dict[str, Any]], ops: tuple[str, ...] = (), bac
             names = sorted({str(r.get(field)) for r in found})
             raise ResultsError(f"no case matches --{field} {' '.join(globs)}; the run has: {', '.join(names)}")
         found = kept
-    from spark_bench.sweep import parse_set  # run's own --set syntax (sweep imports this module)
-
-    for text in sets:
-        axis, values = parse_set(text)
-        seen = {r["params"][axis] for r in found if axis in r.get("params", {})}
-        if not seen:
-            raise ResultsError(f"no case of the selection has the axis {axis!r}")
-        found = [r for r in found if str(r.get("params", {}).get(axis)) in values]
-        if not found:
-            numbers_first = sorted(seen, key=lambda v: (isinstance(v, str), str(v) if isinstance(v, str) else v))
-            raise ResultsError(f"no case has {axis} in {{{', '.join(sorted(values))}}}; the run has {axis} = "
-                               f"{', '.join(map(str, numbers_first))}")
-    return found
+    return select_by_sets(found, sets, key=lambda r: (r["op"], r.get("params") or {}))
 

@@ -11,14 +11,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, TypeVar
 
 from spark_bench.dtypes import DTYPES, canonical_dtype
-from spark_bench.op import SHARED_AXES, Op
+from spark_bench.op import SHARED_AXES, Axis, Op
 from spark_bench.registry import Registry
-from spark_bench.results import case_id
+from spark_bench.results import ResultsError, case_id
+
+T = TypeVar("T")
 
 
 class UsageError(Exception):
@@ -105,6 +107,65 @@ def merge_sets(sets: Sequence[str]) -> dict[str, list[str]]:
     return overrides
 
 
+def dtype_list(texts: Sequence[str]) -> list[str]:
+    """Repeatable, comma-separated --dtype values -> the names, each once. A value naming none (`--dtype ,`) is a
+    UsageError, not 'every dtype'."""
+    names = []
+    for text in texts:
+        parts = [d.strip() for d in text.split(",") if d.strip()]
+        if not parts:
+            raise UsageError(f"--dtype {text!r} names no dtype; choose from {', '.join(DTYPES)}")
+        names.extend(parts)
+    return list(dict.fromkeys(names))
+
+
+def unknown_axis(axis_name: str, known: Sequence[str] | set[str], whose: str = "selected ops", hint: str = "") -> str:
+    """The one-line error for an axis none of `whose` has, naming the axes they have."""
+    if not hint and axis_name in SHARED_AXES:
+        hint = f" (a shared axis name, but none of the {whose} has it)"
+    return f"unknown axis {axis_name!r}{hint}; the {whose} have: {', '.join(sorted(known)) or '(none)'}"
+
+
+def select_by_sets(items: list[T], sets: Sequence[str], key: Callable[[T], tuple[str, dict[str, Any]]],
+                   where: str = "the run") -> list[T]:
+    """The items (`show`'s records, `history trend`'s stored cases; `key(item)` = (op, params)) holding one of the
+    values of every AXIS=V1,V2 in `sets` (an axis given twice: its values add up, as in `run`). Each value is read
+    by `Axis.parse` of its op's axis, declared by the values the op's items hold, so it compares by value (fused=true
+    is True, tokens=064 is 64). An unknown axis, or a value no op's axis takes, is a UsageError; nothing left, a
+    ResultsError naming what `where` has (one line each)."""
+    for axis, texts in merge_sets(sets).items():
+        if not items:
+            break
+        held: dict[str, list[Any]] = {}  # op -> the values its items hold on the axis (scalars: what an axis takes)
+        for op, params in map(key, items):
+            value = params.get(axis)
+            if isinstance(value, (str, int, float)) and value not in held.setdefault(op, []):
+                held[op].append(value)
+        if not held:
+            glob, plain = split_key(axis)
+            hint = f" (to select an op's cases: --op {glob} --set {plain}=...)" if glob is not None else ""
+            raise UsageError(unknown_axis(axis, {a for _, params in map(key, items) for a in params},
+                                          "selected cases", hint))
+        wanted: dict[str, list[Any]] = {op: [] for op in held}
+        for text in texts:
+            errors = []
+            for op, values in held.items():
+                try:
+                    wanted[op].append(Axis(axis, values).parse(text))
+                except ValueError as exc:
+                    errors.append(f"{op}: {exc}")
+            if len(errors) == len(held):  # no op's axis takes it: a typo, not a filter that matches nothing
+                raise UsageError(errors[0])
+        kept = [item for item in items for op, params in [key(item)] if params.get(axis) in wanted.get(op, ())]
+        if not kept:
+            have = sorted({v for values in held.values() for v in values},
+                          key=lambda v: (isinstance(v, str), str(v) if isinstance(v, str) else v))
+            raise ResultsError(f"no case has {axis} in {{{', '.join(texts)}}}; {where} has {axis} = "
+                               f"{', '.join(map(str, have))}")
+        items = kept
+    return items
+
+
 def _select_ops(reg: Registry, spec: SweepSpec) -> list[Op]:
     try:
         return reg.match(spec.ops)
@@ -125,11 +186,23 @@ def split_key(key: str) -> tuple[str | None, str]:
 
 
 def op_overrides(overrides: dict[str, list[str]], op_name: str) -> dict[str, list[str]]:
-    """The raw --set values that apply to op `op_name`: unqualified axes, then those of globs matching it."""
-    plain = {k: v for k, v in overrides.items() if split_key(k)[0] is None}
-    qualified = {axis: v for k, v in overrides.items() for glob, axis in [split_key(k)]
-                 if glob is not None and fnmatchcase(op_name, glob)}
-    return {**plain, **qualified}
+    """The raw --set values that apply to op `op_name`. Of the keys setting one axis the most specific wins, whatever
+    their order: 'OP:axis' with OP the op's exact name, then 'GLOB:axis' with a glob matching it, then 'axis'. Two
+    globs that match the op and set one axis are a UsageError (neither is more specific): name the op exactly."""
+    keys: dict[str, list[tuple[int, str]]] = {}  # axis -> (specificity, key) of every key that applies
+    for key in overrides:
+        glob, axis = split_key(key)
+        if glob is None or fnmatchcase(op_name, glob):
+            keys.setdefault(axis, []).append((0 if glob is None else 2 if glob == op_name else 1, key))
+    chosen = {}
+    for axis, ranked in keys.items():
+        best = max(rank for rank, _ in ranked)
+        tied = [key for rank, key in ranked if rank == best]
+        if len(tied) > 1:
+            raise UsageError(f"--set {' and --set '.join(tied)} both set {axis} of {op_name}; name the op to "
+                             f"choose: --set {op_name}:{axis}=...")
+        chosen[axis] = overrides[tied[0]]
+    return chosen
 
 
 def _typed_overrides(op: Op, overrides: dict[str, list[str]]) -> dict[str, list[Any]]:
@@ -160,9 +233,7 @@ def validate(reg: Registry, spec: SweepSpec) -> list[Op]:
         if glob is not None:
             _check_qualified(ops, glob, axis_name)
         elif axis_name not in known_axes:
-            choices = ", ".join(sorted(known_axes)) or "(none)"
-            hint = " (a shared axis name, but none of the selected ops has it)" if axis_name in SHARED_AXES else ""
-            raise UsageError(f"unknown axis {axis_name!r}{hint}; the selected ops have: {choices}")
+            raise UsageError(unknown_axis(axis_name, known_axes))
     if spec.preset is not None:
         have = sorted({p for op in ops for p in op.presets})
         if spec.preset not in have:

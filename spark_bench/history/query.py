@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from spark_bench.history.store import HistoryError, case_key
+from spark_bench.sweep import dtype_list, select_by_sets
 
 ORDER = "COALESCE(r.commit_time, r.created), r.created, r.run_id"  # oldest first: commit order, then run time
 NEWEST_FIRST = "COALESCE(r.commit_time, r.created) DESC, r.created DESC, r.run_id DESC"  # (`ORDER DESC` is not this)
@@ -122,31 +123,19 @@ def run(con: sqlite3.Connection, ref: str) -> dict[str, Any]:
     return {"run": json.loads(zlib.decompress(blob)), "results": records}
 
 
-def parse_sets(sets: Sequence[str]) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {}
-    for text in sets:
-        axis, sep, values = text.partition("=")
-        if not sep or not axis.strip() or not values.strip():
-            raise HistoryError(f"malformed --set {text!r}; expected AXIS=V1,V2")
-        out.setdefault(axis.strip(), set()).update(v.strip() for v in values.split(",") if v.strip())
-    return out
-
-
 def select_cases(con: sqlite3.Connection, ops: Sequence[str] = (), backends: Sequence[str] = (),
                  sets: Sequence[str] = (), dtypes: Sequence[str] = ()) -> list[CaseKey]:
-    """Stored cases matching op globs, backends, AXIS=V1,V2 values and dtypes (each filter optional)."""
-    wanted = parse_sets(sets)
-    dts = {d for text in dtypes for d in text.split(",") if d}
+    """Stored cases matching op globs, backends, AXIS=V1,V2 values (by value, as `show --set`:
+    `sweep.select_by_sets`) and dtypes (each filter optional)."""
+    dts = set(dtype_list(dtypes))
     out = []
     for cid, op, backend, dtype, params in con.execute("SELECT id, op, backend, dtype, params FROM cases"):
         if ops and not any(fnmatch.fnmatchcase(op, g) for g in ops):
             continue
         if (backends and backend not in backends) or (dts and dtype not in dts):
             continue
-        p = json.loads(params)
-        if any(axis not in p or str(p[axis]) not in values for axis, values in wanted.items()):
-            continue
-        out.append(CaseKey(cid, op, backend, dtype, p))
+        out.append(CaseKey(cid, op, backend, dtype, json.loads(params)))
+    out = select_by_sets(out, sets, key=lambda c: (c.op, c.params), where="the history")
     return sorted(out, key=lambda c: (c.op, c.backend, c.dtype, sorted((k, (isinstance(v, str), v if not isinstance(
         v, str) else 0, str(v))) for k, v in c.params.items())))
 
