@@ -27,7 +27,17 @@ fingerprint_option = click.option("--fingerprint", default=None,
 branch_option = click.option("--branch", default=None, help="Only runs of this branch.")
 threshold_option = click.option("--threshold", default="5%", show_default=True,
                                 help="Smallest step that counts (5%, 0.05).")
-repo_option = click.option("--repo", type=click.Path(path_type=Path), default=None,
+
+
+def _work_tree(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """A --repo given must be a git work tree: else commit times and suspects would be silently left out."""
+    if value is not None and gitinfo.find_repo(value) is None:
+        raise click.BadParameter(f"{str(value)!r} is not in a git work tree")
+    return value
+
+
+repo_option = click.option("--repo", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+                           callback=_work_tree,
                            help="Git repository for commit times and suspect commits (default: around the cwd).")
 
 
@@ -93,13 +103,21 @@ def history() -> None:
 def add_cmd(run_dirs: tuple[Path, ...], db: Path, branch: str | None, repo: Path | None, jobs: int | None,
             quiet: bool) -> None:
     """Ingest RUN_DIR... (run directories, or directories of runs such as results/) into the database. Adding a run
-    again changes nothing; a run whose files changed since (resumed) replaces its earlier copy."""
+    again changes nothing; a run whose files changed since (resumed) replaces its earlier copy.
+
+    A damaged run (an unreadable or malformed file) found in a directory of runs is skipped with a warning and the
+    others are added: exit 1. A damaged run named on the command line stops the ingest: exit 2."""
     def each(path: Path, run_id: str, outcome: str) -> None:
         if not quiet:
             click.echo(f"{outcome:9s} {run_id}  ({path})")
 
-    counts = add_runs(db, run_dirs, repo=repo, branch=branch, on_run=each, jobs=jobs)
+    def damaged(path: Path, why: str) -> None:
+        click.echo(f"warning: skipped the damaged run {path}: {why}", err=True)
+
+    counts = add_runs(db, run_dirs, repo=repo, branch=branch, on_run=each, jobs=jobs, on_damaged=damaged)
     click.echo(f"history {db}: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+    if counts.get("damaged"):
+        sys.exit(1)
 
 
 @history.command("list")
@@ -107,7 +125,7 @@ def add_cmd(run_dirs: tuple[Path, ...], db: Path, branch: str | None, repo: Path
 @click.option("--runs", "show_runs", is_flag=True, help="List the runs themselves, newest first.")
 @fingerprint_option
 @branch_option
-@click.option("--limit", type=int, default=None, help="At most N runs (with --runs).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N runs (with --runs).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @one_line_errors
 def list_cmd(db: Path, show_runs: bool, fingerprint: str | None, branch: str | None, limit: int | None,
@@ -183,7 +201,8 @@ def _series(con: sqlite3.Connection, ops, backends, sets, dtypes, fingerprint, b
 @history.command("trend")
 @click.option("--op", "ops", multiple=True, required=True, help="Op name or glob.")
 @click.option("--backend", "backends", multiple=True, help="Backend (repeatable).")
-@click.option("--set", "sets", multiple=True, metavar="AXIS=V", help="Parameter value(s) of the case.")
+@click.option("--set", "sets", multiple=True, metavar="AXIS=V",
+              help="Parameter value(s) of the case (by value: fused=true).")
 @click.option("--dtype", "dtypes", multiple=True, help="dtype.")
 @db_option
 @fingerprint_option
@@ -246,6 +265,9 @@ def _print_step(out, s: detect.Series, st: detect.Step) -> None:
     out.print(f"  step {st.direction} {(st.ratio - 1) * 100:+.1f}% ({_num(st.before)} → {_num(st.after)} {s.unit}, "
               f"confidence {st.confidence:.4f}) between {escape(st.last_good.label)} and "
               f"{escape(st.first_bad.label)} (first run after: {escape(st.first_bad.run_ids[0])})", markup=True)
+    if st.timer_change:
+        out.print(f"    the timer changed at this step ({escape(st.timer_change)}): maybe the measurement's step; "
+                  "re-run both commits with one --timer to tell")
     for line in (st.suspects or [])[:20]:
         out.print(f"    {escape(line)}")
 
@@ -315,7 +337,8 @@ def check_cmd(since, ops, backends, db, fingerprint, branch, threshold, repo, as
 @branch_option
 @threshold_option
 @repo_option
-@click.option("--last", type=int, default=None, help="Chart only the newest N points per series.")
+@click.option("--last", type=click.IntRange(min=0), default=None,
+              help="Chart only the newest N points per series (0: all).")
 @one_line_errors
 def report_cmd(output, ops, backends, db, fingerprint, branch, threshold, repo, last) -> None:
     """One offline HTML page: detected regressions and improvements first, then a trend chart per op."""

@@ -25,7 +25,7 @@ import json
 import os
 import sqlite3
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +204,16 @@ def prepare_run(run_dir: Path) -> dict[str, Any]:
             "commit_time": gitinfo.utc(git.get("commit_time"))}
 
 
+def _prepared_or_damaged(run_dir: Path) -> dict[str, Any]:
+    """prepare_run, or {'dir', 'damaged': why} for a run it cannot read or convert."""
+    try:
+        return prepare_run(run_dir)
+    except ResultsError as exc:
+        return {"dir": run_dir, "damaged": str(exc)}
+    except (OSError, ValueError, TypeError) as exc:
+        return {"dir": run_dir, "damaged": f"{run_dir}: {type(exc).__name__}: {exc}"}
+
+
 def _worker_init() -> None:
     """Pool workers die with the ingesting process (kill -9 included) instead of lingering."""
     try:
@@ -217,14 +227,15 @@ def _worker_init() -> None:
 
 @contextlib.contextmanager
 def _prepared(run_dirs: Sequence[Path], jobs: int) -> Iterator[Iterator[dict[str, Any]]]:
-    """prepare_run over the runs, in order: in this process, or in `jobs` forked workers while this one writes."""
+    """_prepared_or_damaged over the runs, in order: in this process, or in `jobs` forked workers while this one
+    writes."""
     if jobs <= 1 or len(run_dirs) < 8 or not hasattr(os, "fork"):
-        yield map(prepare_run, run_dirs)
+        yield map(_prepared_or_damaged, run_dirs)
         return
     import multiprocessing
 
     with multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_init) as pool:
-        yield pool.imap(prepare_run, run_dirs, chunksize=2)
+        yield pool.imap(_prepared_or_damaged, run_dirs, chunksize=2)
 
 
 def default_jobs() -> int:
@@ -264,7 +275,10 @@ class Ingest:
 
     def unchanged(self, run_dir: Path) -> bool:
         row = self.con.execute("SELECT digest FROM runs WHERE run_id = ?", (self._peek_id(run_dir),)).fetchone()
-        return bool(row) and row[0] == digest_of(run_dir)
+        try:
+            return bool(row) and row[0] == digest_of(run_dir)
+        except OSError:
+            return False  # unreadable: parsing it says so
 
     def write(self, p: dict[str, Any], commit_time: str | None, branch: str | None) -> str:
         """One run in one transaction: 'added', 'updated' (its files changed since) or 'unchanged'."""
@@ -296,9 +310,11 @@ class Ingest:
         return "replaced" if old else "added"
 
     def add(self, run_dirs: Sequence[Path], on_run: Callable[[Path, str, str], None] | None = None,
-            batch: int = 64, jobs: int | None = None) -> dict[str, int]:
+            batch: int = 64, jobs: int | None = None, skippable: Collection[Path] = (),
+            on_damaged: Callable[[Path, str], None] | None = None) -> dict[str, int]:
         """Ingest the runs (parsed by `jobs` worker processes, default: one per core up to 4, while this process
-        writes; git facts looked up for a batch of runs at once); counts per outcome."""
+        writes; git facts looked up for a batch of runs at once); counts per outcome. A run that cannot be read is a
+        HistoryError, or, when in `skippable`, left out: counted as 'damaged' and passed to `on_damaged` with why."""
         counts = {"added": 0, "replaced": 0, "unchanged": 0}
         todo = []
         for d in run_dirs:
@@ -310,6 +326,13 @@ class Ingest:
                 todo.append(d)
         with _prepared(todo, default_jobs() if jobs is None else jobs) as stream:
             while chunk := list(itertools.islice(stream, batch)):
+                for p in (p for p in chunk if "damaged" in p):
+                    if p["dir"] not in skippable:
+                        raise HistoryError(p["damaged"])
+                    counts["damaged"] = counts.get("damaged", 0) + 1
+                    if on_damaged is not None:
+                        on_damaged(p["dir"], p["damaged"])
+                chunk = [p for p in chunk if "damaged" not in p]
                 commits = [p["commit"] for p in chunk if p["commit"]]
                 times = gitinfo.commit_times(self.repo, commits)
                 branches = {} if self.branch else gitinfo.branch_of(self.repo, commits)
@@ -322,46 +345,21 @@ class Ingest:
         return counts
 
 
-def _is_tune(run_dir: Path) -> bool:
-    try:
-        return json.loads((run_dir / RUN_FILE).read_text()).get("kind") == "tune"
-    except (OSError, ValueError, AttributeError):
-        return False  # a broken run.json is load_run's to report
-
-
-def expand_run_dirs(paths: Sequence[Path | str]) -> list[Path]:
-    """Run directories given directly, or found one level below a directory given (such as results/). A `tune`
-    directory is not a sweep (its cases are one point timed under many configs): left out when found below, refused
-    when named."""
-    out: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
-        if (path / RUN_FILE).is_file():
-            if _is_tune(path):
-                raise HistoryError(f"{path} is a tune directory: its candidates are not a sweep to keep a history of "
-                                   "(`spark-bench tuned show` has what it chose)")
-            out.append(path)
-        elif path.is_dir():
-            found = sorted(p for p in path.iterdir() if (p / RUN_FILE).is_file() and not _is_tune(p))
-            if not found:
-                raise HistoryError(f"{path}: neither a run directory nor a directory of runs (no {RUN_FILE})")
-            out.extend(found)
-        else:
-            raise HistoryError(f"{path}: no such run directory")
-    return out
-
-
 def add_runs(db: Path | str, run_dirs: Sequence[Path | str], repo: Path | str | None = None,
              branch: str | None = None, on_run: Callable[[Path, str, str], None] | None = None,
-             jobs: int | None = None) -> dict[str, int]:
+             jobs: int | None = None, on_damaged: Callable[[Path, str], None] | None = None) -> dict[str, int]:
     """Ingest run directories (or directories of runs) into the database at `db`, creating it if needed.
     `repo`: the git repository to read commit times and the branch from (default: the one around the current
-    directory, if any)."""
-    dirs = expand_run_dirs(run_dirs)
+    directory, if any). A damaged run found below a directory given is skipped (counted as 'damaged', passed to
+    `on_damaged` with why); one named is a HistoryError."""
+    from spark_bench.history.rundirs import expand_run_dirs  # it raises HistoryError
+
+    dirs, below = expand_run_dirs(run_dirs)
     con = connect(db, create=True)
     try:
         con.execute("PRAGMA cache_size = -65536")  # 64 MiB: the case index stays in memory while runs stream in
-        return Ingest(con, gitinfo.find_repo(repo), branch).add(dirs, on_run, jobs=jobs)
+        return Ingest(con, gitinfo.find_repo(repo), branch).add(dirs, on_run, jobs=jobs, skippable=below,
+                                                                 on_damaged=on_damaged)
     finally:
         con.close()
 
