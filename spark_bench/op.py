@@ -138,6 +138,10 @@ class Backend:
         """`op.backends["triton"](**inputs)`: the backend's function on the op's inputs (no setup applied)."""
         return self.fn(**inputs)
 
+    def prepared(self, inputs: dict[str, Any]) -> Callable[..., Any]:
+        """The callable that is checked, timed or counted: `setup(fn, inputs)` (its one-off work done now), or fn."""
+        return self.setup(self.fn, inputs) if self.setup else self.fn
+
     def unavailable(self, device: str) -> str | None:
         """Why this backend cannot run on `device`, or None when it can."""
         if self.probe is None:

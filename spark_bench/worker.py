@@ -137,7 +137,7 @@ class CaseRunner:
 
         self.phase(case.case_id, "setup")
         s0 = time.perf_counter()
-        fn = backend.setup(backend.fn, clone_inputs(sets[0])) if backend.setup else backend.fn
+        fn = backend.prepared(clone_inputs(sets[0]))
         _sync(case.device)
         setup_s = time.perf_counter() - s0
 

@@ -82,3 +82,16 @@ def test_backend_globs_select_backends():
     assert {c.backend for c in cases} == {"triton", "triton_unfused"}
     with pytest.raises(UsageError, match="unknown backend 'nope\\*'"):
         build_cases(registry(), SweepSpec(ops=["kda.block_decode"], backends=["nope*"], quick=True))
+
+
+@pytest.mark.parametrize("backend", ["torch", "torch_compile"])  # torch_compile: called through its setup
+def test_a_backend_without_triton_kernels_says_nothing_was_counted(backend):
+    args = ("traffic", "--op", "kda.gate", "--backend", backend, "--set", "tokens=1", "--set", "head_dim=60")
+    code, out, err = run_cli(*args)
+    assert code == 0, err
+    assert "no Triton kernel launch was counted" in out and "0x" not in out
+    code, out, err = run_cli(*args, "--json")
+    assert code == 0, err
+    (row,) = json.loads(out)
+    assert row["kernels"] == [] and row["model_bytes"] > 0
+    assert row["unique_over_model"] is None and row["issued_over_model"] is None

@@ -205,7 +205,7 @@ def capture(ops: list[str], backends: list[str], preset: str | None, overrides: 
                         cases += 1
                         recorder.context = {"op": op.name, "backend": backend.name, "params": params, "dtype": dtype}
                         try:
-                            fn = backend.setup(backend.fn, inputs) if backend.setup else backend.fn
+                            fn = backend.prepared(inputs)
                             fn(**inputs)
                         except Exception as exc:
                             errors.append(CaptureError(op.name, backend.name, params, dtype, _one_line(exc)))
@@ -233,7 +233,7 @@ def capture_cases(cases: list[dict[str, Any]], target_name: str) -> tuple[list[S
                 backend = op.backends[case["backend"]]
                 with using(case.get("weights")), applied(case.get("configs")), recording() as picks:
                     inputs = op.make_inputs(case["params"], device="meta", dtype=case["dtype"], seed=0)
-                    fn = backend.setup(backend.fn, inputs) if backend.setup else backend.fn
+                    fn = backend.prepared(inputs)
                     fn(**inputs)
                 outcome["picks"] = picks
                 outcome["spaces"] = {k: {"candidates": [dict(c) for c in SPACES[k].candidates],

@@ -156,20 +156,34 @@ def traffic_of(op, backend: str, params: dict[str, Any], dtype: str, seed: int =
     from spark_bench.check import clone_inputs
 
     inputs = op.make_inputs(params, device="cpu", dtype=dtype, seed=seed)
+    fn = op.backends[backend].prepared(clone_inputs(inputs))  # its setup (a compile) is not the call's traffic
     with counting() as kernels:
-        op.backends[backend].fn(**clone_inputs(inputs))
+        fn(**clone_inputs(inputs))
     rows = sorted(kernels.values(), key=lambda r: -(r.read_unique + r.written_unique))
     issued = sum(r.read_issued + r.written_issued for r in rows)
     unique = sum(r.read_unique + r.written_unique for r in rows)
     model = op.cost(params, dtype).bytes
+    ratio = model and rows  # no ratio of nothing counted (a backend that launches no Triton kernel) or of 0 bytes
     return {"op": op.name, "backend": backend, "params": params, "dtype": dtype,
             "kernels": [r.to_dict() for r in rows], "issued_bytes": issued, "unique_bytes": unique,
-            "model_bytes": model, "unique_over_model": unique / model if model else None,
-            "issued_over_model": issued / model if model else None}
+            "model_bytes": model, "unique_over_model": unique / model if ratio else None,
+            "issued_over_model": issued / model if ratio else None}
 
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.3g}"
+
+
+def _summary(r: dict[str, Any]) -> str:
+    """The first line of a case: its bytes against the cost model's, or that no kernel launch was counted."""
+    head = f"{r['op']} {r['backend']} {' '.join(f'{k}={v}' for k, v in r['params'].items())} {r['dtype']}"
+    model = f"the cost model's {_mb(r['model_bytes'])} MB"
+    if not r["kernels"]:
+        return f"{head}: no Triton kernel launch was counted (the backend launched none); {model}"
+    if r["unique_over_model"] is None:  # a cost model of 0 bytes
+        return f"{head}: unique {_mb(r['unique_bytes'])} MB, {model}; issued {_mb(r['issued_bytes'])} MB"
+    return (f"{head}: unique {_mb(r['unique_bytes'])} MB = {r['unique_over_model']:.3g}x {model}; issued "
+            f"{_mb(r['issued_bytes'])} MB = {r['issued_over_model']:.3g}x")
 
 
 @click.command("traffic")
@@ -207,10 +221,7 @@ def traffic_cmd(ops, backends, sets, dtypes, seed, as_json) -> None:
         click.echo(json.dumps(rows, indent=1))
         return
     for r in rows:
-        params = " ".join(f"{k}={v}" for k, v in r["params"].items())
-        click.echo(f"{r['op']} {r['backend']} {params} {r['dtype']}: unique {_mb(r['unique_bytes'])} MB = "
-                   f"{r['unique_over_model']:.3g}x the cost model's {_mb(r['model_bytes'])} MB; issued "
-                   f"{_mb(r['issued_bytes'])} MB = {r['issued_over_model']:.3g}x")
+        click.echo(_summary(r))
         for k in r["kernels"]:
             click.echo(f"  {k['kernel']:<32} x{k['launches']:<3} read {_mb(k['read_unique'])} MB unique / "
                        f"{_mb(k['read_issued'])} issued, written {_mb(k['written_unique'])} / "

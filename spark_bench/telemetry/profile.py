@@ -94,7 +94,7 @@ def build_call(op: Any, backend: Any, params: dict[str, Any], dtype: str, device
                seed: int = 0) -> Callable[[], Any]:
     """A zero-argument call of the backend on the case's inputs, set up (compiled, autotuned) already."""
     inputs = op.make_inputs(params, device=device, dtype=dtype, seed=seed)
-    body = backend.setup(backend.fn, inputs) if backend.setup else backend.fn
+    body = backend.prepared(inputs)
     return lambda: body(**inputs)
 
 
