@@ -61,7 +61,8 @@ def _provenance(measured: dict[str, Any], cached: bool, seconds: float) -> str:
 def calibrate(device: str | None, as_json: bool, cache: Path | None, force: bool) -> None:
     """Measure this device's memory bandwidth and matmul peaks (cached per device fingerprint), beside the
     datasheet."""
-    from spark_bench.telemetry.roofline import cache_path, load_cache, percent_of_peak, roofline_for, write_problem
+    from spark_bench.results import write_problem
+    from spark_bench.telemetry.roofline import cache_path, load_cache, percent_of_peak, roofline_for
 
     device = _device(device)
     problem = write_problem(cache) if cache is not None else None  # before measuring: the peaks would be lost

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from spark_bench.results import write_text_atomic
+
 CACHE_ENV = "SPARK_BENCH_ROOFLINE_CACHE"
 CACHE_SCHEMA = "spark-bench/roofline-cache"
 DENSE = "NVIDIA datasheet, dense (no sparsity)"
@@ -190,38 +192,14 @@ def load_cache(path: str | Path | None = None) -> dict[str, Any]:
     return data["entries"]
 
 
-def write_problem(path: str | Path) -> str | None:
-    """Why a file cannot be written (atomically, as the cache and a tuned table are) at `path`, or None. It creates
-    and removes a file in the nearest existing folder: permission bits do not say it (root, /proc, read-only mounts)."""
-    path = Path(path)
-    if path.is_dir():
-        return "is a directory"
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    probe = folder / f".{path.name}.{os.getpid()}.probe"
-    try:
-        probe.touch(exist_ok=False)
-        probe.unlink()
-    except OSError as exc:
-        return f"cannot write there ({exc.strerror or exc})"
-    return None
-
-
 def store(entry: dict[str, Any], path: str | Path | None = None) -> Path:
     """Add or replace one measured entry (keyed by its fingerprint_id), atomically; OSError if it cannot be written
     (no temporary file is left behind)."""
     target = cache_path(path)
     entries = load_cache(target)
     entries[entry["fingerprint_id"]] = entry
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"schema": CACHE_SCHEMA, "schema_version": 1, "entries": entries}, indent=1))
-        os.replace(tmp, target)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(target, json.dumps({"schema": CACHE_SCHEMA, "schema_version": 1, "entries": entries}, indent=1))
     return target
 
 

@@ -134,7 +134,7 @@ class TunedStore:
 def open_out(path: Path | str, device_info: Mapping[str, Any]) -> TunedStore | None:
     """`tune --out FILE`, checked before any tuning: the table to merge into, or None when FILE is new. StoreError
     for a directory, an unwritable place, a file that is not a tuned-config table, or another device's table."""
-    from spark_bench.telemetry.roofline import write_problem
+    from spark_bench.results import write_problem
 
     path = Path(path)
     problem = write_problem(path)
