@@ -154,6 +154,14 @@ def test_devices_and_executor_options():
     assert make_executor("local", devices="cpu0,cpu1").slots_count() == 2
 
 
+def test_a_gpu_named_twice_is_refused(monkeypatch):
+    monkeypatch.setattr("spark_bench.executors.base._visible_gpus", lambda: ["0", "1"])
+    monkeypatch.setattr("spark_bench.executors.base._nvml_board", lambda index: None)
+    assert [s.label for s in parse_devices("0,1", "cuda")] == ["cuda:0", "cuda:1"]
+    with pytest.raises(UsageError, match="names GPU 0 more than once"):
+        parse_devices("0,1,0@b", "cuda")
+
+
 def test_dry_run_estimates_from_stored_results(tmp_path, monkeypatch, fault_process):
     import fault_plugin
     from click.testing import CliRunner
