@@ -252,6 +252,80 @@ def test_report_of_a_real_quick_run(browser, tmp_path):
     assert "interpreted" in page.read_text()
 
 
+ODD = 'é—µ𝛼 %{y} ${x} & "q" ' + PAYLOAD  # unicode, a plotly template, HTML specials, a script
+
+
+def odd_results() -> list[dict[str, Any]]:
+    """One case alone, an op where everything failed, null statistics, 1e-6 and 1e12 µs, and hostile labels."""
+    rng = fx.np.random.default_rng(7)
+    out = [fx.case("odd.one", "torch", {"tokens": 16}, samples=fx.draw(rng, 50.0), flops=1e6, nbytes=1e6)]
+    out += [fx.case("odd.failed", "triton", {"tokens": t}, status=s, error=f"{s}: {ODD}")
+            for t, s in ((1, "crash"), (2, "mismatch"), (4, "timeout"))]
+    out.append(fx.case("odd.failed", "fla", {"tokens": 1}, status="skipped", error=ODD))
+    for b, median in (("torch", 1e-6), ("triton", 1e12)):
+        out += [fx.case("odd.extreme", b, {"tokens": t}, samples=fx.draw(rng, median * t)) for t in (1, 1000)]
+    nulls = [fx.case("odd.nulls", b, {"tokens": t}, samples=fx.draw(rng, 10.0 * t)) for b in ("torch", "triton")
+             for t in (1, 10)]
+    nulls[0]["timing"].update(p10=None, p90=None, iqr=None, n=None, timer=None)
+    nulls[1]["timing"]["median"] = float("inf")  # ok, but no usable timing
+    for b in ("torch", ODD):
+        out += [fx.case(f"odd.{ODD}", b, {"tokens": t, "mode": ODD}, dtype=ODD, samples=fx.draw(rng, 5.0 + t),
+                        flops=1e6, nbytes=1e6) for t in (1, 10)]
+    out.append(fx.case(f"odd.{ODD}", ODD, {"tokens": 100, "mode": ODD}, dtype=ODD, status="mismatch", error=ODD))
+    return out + nulls
+
+
+FAILURE_HOVER = """((name) => {  // the hover of the first visible ✕ trace whose name has `name`
+  for (const gd of document.querySelectorAll('[data-op-figs] .js-plotly-plot')) {
+    const k = gd.data.findIndex(t => t.visible === true && t.name.includes('✕') && t.name.includes(name));
+    if (k < 0) continue;
+    Plotly.Fx.hover(gd, [{curveNumber: k, pointNumber: 0}]);
+    return [...gd.querySelectorAll('.hovertext')].map(h => h.textContent).join(' ');
+  }
+})"""
+
+
+def test_odd_data_renders_without_errors(browser, tmp_path):
+    run = fx.write_run(tmp_path / "odd", odd_results(), run_id=ODD)
+    page = write_report([run], tmp_path / "odd.html")
+    browser.open(page)
+    state = browser.eval(PLOTS)
+    assert browser.problems() == [] and state["errors"] == []
+    assert state["pwned"] is None and browser.eval("document.querySelectorAll('main img').length") == 0
+    assert state["plots"] == state["expected"] >= 12  # odd.failed has none: nothing was timed
+    assert f"{ODD} ✕ mismatch" in state["legends"]  # the template and the markup kept as text
+    hover = browser.eval(f"{FAILURE_HOVER}('mismatch')")  # a ✕ gives the case's error, as text
+    assert "mismatch: " + ODD in hover and "not timed" in hover
+    assert "no usable timing" in browser.eval(f"{FAILURE_HOVER}('torch')")  # status ok, median inf
+    subtitles = browser.eval("[...document.querySelectorAll('.gtitle-subtitle')].map(t => t.textContent)")
+    assert "on NVIDIA H200 · timer ?, cuda-event (mixed: see each point)" in subtitles
+    assert set(subtitles) <= {"on NVIDIA H200 · timer cuda-event",
+                              "on NVIDIA H200 · timer ?, cuda-event (mixed: see each point)"}
+    assert "No timed case of this op" in browser.eval("document.getElementById('op-odd-failed').textContent")
+    browser.eval("""(() => { const i = document.querySelector('[data-table="cases"] input');
+                   i.value = 'op=odd.extreme backend=triton'; i.dispatchEvent(new Event('input')); })()""")
+    speedups = browser.eval("""(() => { const t = document.querySelector('[data-table="cases"] table');
+        const k = [...t.querySelectorAll('th')].findIndex(th => th.textContent === 'x_torch');
+        return [...t.querySelectorAll('tbody tr')].map(tr => tr.children[k].textContent); })()""")
+    assert len(speedups) == 2 and all(float(x) > 0 for x in speedups)  # ~1e-18, not "0.00"
+
+
+def test_runs_of_two_machines_say_so_in_the_browser(browser, tmp_path):
+    a = fx.standard_run(tmp_path / "a", seed=0)
+    b = fx.standard_run(tmp_path / "b", seed=1, run_id="run-b", device={"type": "cpu", "name": "AMD EPYC"},
+                        fingerprint_id="fp-cpu")
+    browser.open(write_report([a, b], tmp_path / "two.html"))
+    state = browser.eval(PLOTS)
+    assert browser.problems() == [] and state["plots"] == state["expected"] == 14
+    subtitles = set(browser.eval("[...document.querySelectorAll('.gtitle-subtitle')].map(t => t.textContent)"))
+    assert subtitles == {"on NVIDIA H200 and CPU (AMD EPYC) (different machines on one axis) · timer cuda-event"}
+    assert "Different machines: CPU (AMD EPYC) [fp-cpu] vs NVIDIA H200" in browser.eval(
+        "document.getElementById('compare').textContent")
+    bars = "document.querySelectorAll('#op0-fig1 g.errorbar path').length"  # the speedups' CIs are drawn
+    assert browser.eval(bars) == browser.eval(
+        "document.getElementById('op0-fig1').data.filter(t => t.visible === true).reduce((n, t) => n + t.y.length, 0)")
+
+
 AT_LOAD = """window.addEventListener('load', () => {
   const shown = [...document.querySelectorAll('[data-op-figs] > div')].filter(d => {
     const r = d.getBoundingClientRect(); return r.bottom > 0 && r.top < window.innerHeight; });
@@ -275,15 +349,16 @@ def test_charts_in_view_are_drawn_by_the_load_event(tmp_path):
         b.close()
 
 
-if __name__ == "__main__":  # regenerate the docs screenshot
+if __name__ == "__main__":  # the docs screenshot, of a real run: python tests/test_report_browser.py RUN_DIR [OUT.png]
     if CHROMIUM is None:
         sys.exit("no chromium binary found")
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/report-screenshot.png")
+    if len(sys.argv) < 2:
+        sys.exit("usage: python tests/test_report_browser.py RUN_DIR [OUT.png [HEIGHT]] (a real run: the screenshot "
+                 "goes into the docs, so no fixture data)")
+    out = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/report-screenshot.png")
     with tempfile.TemporaryDirectory() as tmp:
-        a = fx.standard_run(Path(tmp) / "results" / "20261130-101500-cuda-3f2a", seed=0,
-                            run_id="20261130-101500-cuda-3f2a")
-        page = write_report([a], Path(tmp) / "report.html")
-        b = Browser(CHROMIUM, height=int(sys.argv[2]) if len(sys.argv) > 2 else 1500)
+        page = write_report([sys.argv[1]], Path(tmp) / "report.html")
+        b = Browser(CHROMIUM, height=int(sys.argv[3]) if len(sys.argv) > 3 else 1500)
         try:
             b.open(page)
             print(b.problems())

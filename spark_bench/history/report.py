@@ -19,8 +19,8 @@ from typing import Any
 import plotly.offline
 
 from spark_bench.history.detect import Series, Step
-from spark_bench.report.assets import CSS, JS
-from spark_bench.report.charts import AXIS, palette, ptext
+from spark_bench.report.assets import CSS, JS, palette
+from spark_bench.report.charts import AXIS, ptext
 from spark_bench.report.html import esc, script_json
 
 STEP_COLOURS = {"slower": "#cf222e", "faster": "#1a7f37"}

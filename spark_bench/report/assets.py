@@ -5,6 +5,26 @@ with `textContent`, so nothing from the results can become markup. It exposes `w
 count, errors) for the browser test.
 """
 
+from collections.abc import Sequence
+
+# Fixed colours for the backends we know, so a backend looks the same in every report; others take the rest in order.
+KNOWN_COLOURS = {"triton": "#1f77b4", "torch": "#ff7f0e", "torch_compile": "#2ca02c", "reference": "#7f7f7f",
+                 "fla": "#9467bd", "vllm": "#d62728", "gguf": "#8c564b"}
+SPARE_COLOURS = ["#e377c2", "#17becf", "#bcbd22", "#393b79", "#ad494a", "#637939", "#7b4173", "#3182bd", "#e6550d"]
+
+
+def palette(backends: Sequence[str]) -> dict[str, str]:
+    """Backend -> colour: known names fixed, the others in sorted order from the spare list (cycling)."""
+    out, spare = {}, 0
+    for b in sorted(set(backends)):
+        if b in KNOWN_COLOURS:
+            out[b] = KNOWN_COLOURS[b]
+        else:
+            out[b] = SPARE_COLOURS[spare % len(SPARE_COLOURS)]
+            spare += 1
+    return out
+
+
 CSS = """
 :root { --fg: #1d2330; --muted: #5b6475; --line: #dde1e8; --bg: #f6f7f9; --ok: #1a7f37; --bad: #cf222e;
         --warn: #9a6700; }

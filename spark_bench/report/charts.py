@@ -13,59 +13,55 @@ from collections.abc import Sequence
 from typing import Any
 
 from spark_bench.console import fmt_num, fmt_pct
+from spark_bench.report.assets import palette  # noqa: F401  (the history report and the tests take it from here)
+from spark_bench.report.compare import log_halfwidth
 from spark_bench.report.model import (
+    MAX_BOX_SAMPLES,
     NOT_A_CONTENDER,
     RunData,
+    baseline_twins,
     combo_key,
+    failure_text,
     log_scale,
     match_key,
     natural_key,
     number,
+    order_statistics,
     params_text,
     peaks,
     roofline_pct,
     speedups,
     swept_axis,
+    timed_on,
     timing,
 )
 
-# Fixed colours for the backends we know, so a backend looks the same in every report; others take the rest in order.
-KNOWN_COLOURS = {"triton": "#1f77b4", "torch": "#ff7f0e", "torch_compile": "#2ca02c", "reference": "#7f7f7f",
-                 "fla": "#9467bd", "vllm": "#d62728", "gguf": "#8c564b"}
-SPARE_COLOURS = ["#e377c2", "#17becf", "#bcbd22", "#393b79", "#ad494a", "#637939", "#7b4173", "#3182bd", "#e6550d"]
 DASHES = ["solid", "dash", "dot", "dashdot", "longdash"]
 SYMBOLS = ["circle", "square", "diamond", "triangle-up", "x"]
 AXIS = {"gridcolor": "#e5e5e5", "zerolinecolor": "#cccccc", "linecolor": "#999999", "showline": True}
 
 
-def palette(backends: Sequence[str]) -> dict[str, str]:
-    """Backend -> colour: known names fixed, the others in sorted order from the spare list (cycling)."""
-    out, spare = {}, 0
-    for b in sorted(set(backends)):
-        if b in KNOWN_COLOURS:
-            out[b] = KNOWN_COLOURS[b]
-        else:
-            out[b] = SPARE_COLOURS[spare % len(SPARE_COLOURS)]
-            spare += 1
-    return out
-
-
 def ptext(x: Any) -> str:
-    """Text for plotly, which renders a few HTML tags and decodes &lt; &gt; &amp; (but not &quot;)."""
-    return html.escape(str(x), quote=False)
+    """Text for plotly, which renders a few HTML tags and decodes &lt; &gt; &amp; &#37; (but not &quot;). `%` is
+    written &#37;: a trace with `meta` reads `%{...}` in its name as a template (a label's `%{y}` vanished)."""
+    return html.escape(str(x), quote=False).replace("%", "&#37;")
 
 
 def _layout(title: str, x_title: str, y_title: str, x_log: bool = False, y_log: bool = False,
-            categorical: bool = False) -> dict[str, Any]:
+            categorical: bool = False, subtitle: str = "") -> dict[str, Any]:
+    """Plotly layout; `subtitle` (plain text, escaped here): where and how the numbers were taken, so a chart saved
+    on its own (the camera button) still says it."""
     x_type = "log" if x_log else ("category" if categorical else "linear")
     xaxis = {**AXIS, "title": {"text": ptext(x_title)}, "type": x_type}
     yaxis = {**AXIS, "title": {"text": ptext(y_title)}, "type": "log" if y_log else "linear"}
     if y_log:
         yaxis["dtick"] = 1  # one tick per decade; plotly's default 2/5 minor labels read as noise
+    head = {"subtitle": {"text": ptext(subtitle), "font": {"size": 11, "color": "#5b6475"}}} if subtitle else {}
     return {
-        "title": {"text": f"<b>{ptext(title)}</b>", "x": 0.01, "xanchor": "left", "font": {"size": 14}},
+        "title": {"text": f"<b>{ptext(title)}</b>", "x": 0.01, "xanchor": "left", "font": {"size": 14}, **head},
         "xaxis": xaxis, "yaxis": yaxis,
-        "margin": {"l": 60, "r": 10, "t": 36, "b": 44}, "height": 330, "hovermode": "closest",
+        "margin": {"l": 60, "r": 10, "t": 52 if subtitle else 36, "b": 44}, "height": 346 if subtitle else 330,
+        "hovermode": "closest",
         "plot_bgcolor": "white", "paper_bgcolor": "white", "legend": {"font": {"size": 11}},
         "font": {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12},
     }
@@ -75,7 +71,8 @@ class OpCharts:
     """The charts of one op across the runs given (one line per backend and run; runs differ by dash).
 
     Hover texts are stored once per case in the page-wide `hovers` list; a trace carries their indices in `meta.h`
-    and the page script expands them, so thousands of cases do not repeat their hover in every chart.
+    and the page script expands them, so thousands of cases do not repeat their hover in every chart. Cases that were
+    not timed (mismatch, error, crash, ...; skipped ones aside) are marked ✕ on the latency chart with their error.
     """
 
     def __init__(self, op: str, runs: Sequence[RunData], colours: dict[str, str], baseline: str = "torch",
@@ -86,8 +83,10 @@ class OpCharts:
         every = [r for rs in self.per_run for r in rs]
         self.swept = swept_axis(every)
         timed = [(ri, r) for ri, rs in enumerate(self.per_run) for r in rs if timing(r)]
+        untimed = [(ri, r) for ri, rs in enumerate(self.per_run) for r in rs
+                   if not timing(r) and r.get("status") != "skipped"]
         first: dict[str, None] = {}
-        for _, r in sorted(timed, key=lambda t: natural_key(t[1])):
+        for _, r in sorted(timed + untimed, key=lambda t: natural_key(t[1])):
             first.setdefault(self.combo(r), None)
         self.combos = list(first) or [""]
         self.backends = sorted({str(r.get("backend")) for r in every})
@@ -96,15 +95,19 @@ class OpCharts:
                             if "interpreted" in (r.get("labels") or [])}
         self.unit = next((timing(r).get("unit", "us") for _, r in timed), "us")
         self.x_log = bool(self.swept) and log_scale(r["params"][self.swept] for _, r in timed)
-        self.speedup = [speedups(rs, baseline) for rs in self.per_run]
+        self.context = timed_on(self.runs, every)  # every chart's subtitle: device(s) and timer(s)
+        self.twins = [baseline_twins(rs, baseline) for rs in self.per_run]
+        self.speedups = [speedups(rs, baseline) for rs in self.per_run]
         self.hid: dict[int, int] = {}
         self.groups: dict[tuple[int, str, int], list[dict[str, Any]]] = {}
+        self.failed: dict[tuple[int, str, int], list[dict[str, Any]]] = {}  # not timed: ✕ on the latency chart
         combo_index = {c: i for i, c in enumerate(self.combos)}
-        for ri, r in timed:
+        for ri, r in timed + untimed:
             self.hid[id(r)] = len(self.hovers)
-            self.hovers.append(self.hover(r, ri))
-            self.groups.setdefault((ri, str(r.get("backend")), combo_index[self.combo(r)]), []).append(r)
-        for rs in self.groups.values():
+            self.hovers.append(self.hover(r, ri) if timing(r) else self.failure_hover(r, ri))
+            into = self.groups if timing(r) else self.failed
+            into.setdefault((ri, str(r.get("backend")), combo_index[self.combo(r)]), []).append(r)
+        for rs in (*self.groups.values(), *self.failed.values()):
             rs.sort(key=lambda r: self.x(r) if self.swept else str(self.x(r)))
 
     def combo(self, r: dict[str, Any]) -> str:
@@ -118,6 +121,16 @@ class OpCharts:
     def x_title(self) -> str:
         return self.swept or "case"
 
+    def speedup_ci(self, r: dict[str, Any], ri: int) -> tuple[float, float] | None:
+        """The speedup's CI: the two medians' stored CIs combined on a log scale, as `compare` does for its ratio."""
+        v = self.speedups[ri].get(id(r))
+        if v is None:
+            return None
+        cis = [(number(timing(x).get("ci_low")) or 0.0, number(timing(x).get("ci_high")) or 0.0)
+               for x in (r, self.twins[ri][id(r)])]
+        half = math.hypot(*(log_halfwidth(lo, hi) for lo, hi in cis))  # inf when a CI is missing: no bar
+        return (v * math.exp(-half), v * math.exp(half)) if math.isfinite(half) else None
+
     def name(self, backend: str, run_index: int) -> str:
         text = backend if len(self.runs) == 1 else f"{backend} · {self.runs[run_index].label}"
         return ptext(text + (" (interpreted)" if (run_index, backend) in self.interpreted else ""))
@@ -127,12 +140,13 @@ class OpCharts:
         t = timing(r)
         med, iqr = t["median"], number(t.get("iqr"))
         unit = ptext(self.unit)
-        lines = [f"<b>{self.name(str(r.get('backend')), run_index)}</b>  {ptext(params_text(r.get('params') or {}))}"
-                 f"  {ptext(r.get('dtype'))}",
-                 f"median {med:.4g} {unit}  p10 {t.get('p10', math.nan):.4g}  p90 {t.get('p90', math.nan):.4g}",
-                 f"IQR {iqr if iqr is not None else math.nan:.3g}"
-                 + (f" ({fmt_pct(100 * iqr / med)})" if iqr is not None and med else "")
-                 + f"  n={ptext(t.get('n'))}  timer {ptext(t.get('timer', '?'))}"]
+        g = {k: fmt_num(number(t.get(k)), 4) for k in ("p10", "p90", "ci_low", "ci_high")}  # '-': stored as null
+        ci = f" (CI {g['ci_low']}–{g['ci_high']})" if number(t.get("ci_low")) is not None else ""
+        lines = [self._who(r, run_index),
+                 f"median {med:.4g} {unit}{ci}  p10 {g['p10']}  p90 {g['p90']}",
+                 f"IQR {fmt_num(iqr)}" + (f" ({fmt_pct(100 * iqr / med)})" if iqr is not None and med else "")
+                 + f"  n={fmt_num(number(t.get('n')))}  timer {ptext(t.get('timer') or '?')}"
+                 + f" on {ptext(self.runs[run_index].device_text)}"]
         rates = [f"{v:.4g} {u}" for v, u in ((number(r.get("gbps")), "GB/s"), (number(r.get("tflops")), "TFLOP/s"))
                  if v is not None]
         pct = roofline_pct(r, self.runs[run_index].run)
@@ -147,8 +161,20 @@ class OpCharts:
             lines.append("labels: " + ptext(", ".join(map(str, r["labels"]))))
         return "<br>".join(lines)
 
-    def _lines(self, value, template: str, skip_backends=(), error_bars=False, text=None) -> list[dict[str, Any]]:
-        """One trace per (run, backend, combo) of value(result, run_index) -> float|None."""
+    def _who(self, r: dict[str, Any], run_index: int) -> str:
+        return (f"<b>{self.name(str(r.get('backend')), run_index)}</b>  {ptext(params_text(r.get('params') or {}))}"
+                f"  {ptext(r.get('dtype'))}")
+
+    def failure_hover(self, r: dict[str, Any], run_index: int) -> str:
+        """A case that was not timed: its status and error (the first 400 characters; the tables hold all of it)."""
+        why = failure_text(r) if r.get("status") != "ok" else "checked ok, but no usable timing was stored"
+        why = why if len(why) <= 400 else why[:400] + " …"
+        return f"{self._who(r, run_index)}<br><b>{ptext(r.get('status'))}</b>: " + "<br>".join(
+            ptext(line) for line in why.splitlines())
+
+    def _lines(self, value, template: str, skip_backends=(), errors=None, text=None) -> list[dict[str, Any]]:
+        """One trace per (run, backend, combo) of value(result, run_index) -> float|None; errors(result, run_index)
+        -> (low, high) or None draws error bars (a point without them gets none)."""
         traces = []
         for (ri, b, ci), rs in sorted(self.groups.items()):
             if b in skip_backends:
@@ -166,13 +192,11 @@ class OpCharts:
             }
             if text:
                 trace["text"] = [text(r, ri) for r, _ in pts]
-            if error_bars:
-                ts = [timing(r) for r, _ in pts]
-                trace["error_y"] = {
-                    "type": "data", "symmetric": False, "thickness": 1.2, "width": 3,
-                    "array": [max(0.0, (t.get("p90") or t["median"]) - t["median"]) for t in ts],
-                    "arrayminus": [max(0.0, t["median"] - (t.get("p10") or t["median"])) for t in ts],
-                }
+            if errors:
+                bounds = [(v, errors(r, ri)) for r, v in pts]
+                trace["error_y"] = {"type": "data", "symmetric": False, "thickness": 1.2, "width": 3,
+                                    "array": [_gap(e and e[1], v) for v, e in bounds],
+                                    "arrayminus": [_gap(v, e and e[0]) for v, e in bounds]}
             traces.append(trace)
         return traces
 
@@ -183,8 +207,10 @@ class OpCharts:
         ys = [y for t in traces for y in t["y"]]
         if y_log is None:  # one shape per trace (no sweep): bars of backends that differ a lot, a log axis keeps
             single = not self.swept or len({x for t in traces for x in t["x"]}) == 1  # the fast ones off zero
-            y_log = log_scale(ys) or (single and len({y for y in ys if y > 0}) > 1 and min(ys) > 0)
-        layout = _layout(title, self.x_title, y_title, x_log=self.x_log, categorical=not self.swept, y_log=y_log)
+            y_log = log_scale(ys + ([hline] if hline else [])) or (  # 0.001x drawn against 1x: not on zero
+                single and len({y for y in ys if y > 0}) > 1 and min(ys) > 0)
+        layout = _layout(title, self.x_title, y_title, x_log=self.x_log, categorical=not self.swept, y_log=y_log,
+                         subtitle=self.context)
         xs = sorted({x for t in traces for x in t["x"]}) if self.swept else []
         if 1 < len(xs) <= 16:  # tick exactly at the swept values
             layout["xaxis"].update(tickmode="array", tickvals=xs, ticktext=[f"{x:g}" for x in xs])
@@ -196,15 +222,37 @@ class OpCharts:
     # --- the charts ---------------------------------------------------------------------------------------------
     def latency(self) -> dict[str, Any] | None:
         unit = "µs" if self.unit == "us" else self.unit
-        traces = self._lines(lambda r, ri: timing(r)["median"], "", error_bars=True)
-        return self._figure(f"Latency: median, bars p10–p90 ({unit})", f"time per call ({unit})", traces)
+        traces = self._lines(lambda r, ri: timing(r)["median"], "",
+                             errors=lambda r, ri: (number(timing(r).get("p10")), number(timing(r).get("p90"))))
+        fig = self._figure(f"Latency: median, bars p10–p90 ({unit})", f"time per call ({unit})", traces)
+        if fig and self.failed:  # at the chart's floor, so a failing backend or shape is seen, not just missing
+            lows = [number(timing(r).get("p10")) or timing(r)["median"] for rs in self.groups.values() for r in rs]
+            floor = min((y for y in lows if y > 0), default=1.0)
+            fig["data"] += [self._failure_trace(key, rs, floor) for key, rs in sorted(self.failed.items())]
+        return fig
+
+    def _failure_trace(self, key: tuple[int, str, int], rs: list[dict[str, Any]], floor: float) -> dict[str, Any]:
+        ri, b, ci = key
+        statuses = ", ".join(sorted({"no timing" if r.get("status") == "ok" else str(r.get("status")) for r in rs}))
+        return {"type": "scatter", "mode": "markers", "name": f"{self.name(b, ri)} ✕ {ptext(statuses)}",
+                "legendgroup": self.name(b, ri), "x": [self.x(r) for r in rs], "y": [floor] * len(rs),
+                "marker": {"symbol": "x", "size": 10, "color": self.colours.get(b, "#333"),
+                           "line": {"width": 1, "color": "#cf222e"}},
+                "meta": {"combo": ci, "h": [self.hid[id(r)] for r in rs]}, "visible": ci == 0,
+                "hovertemplate": "%{hovertext}<extra>not timed</extra>"}
 
     def speedup_chart(self) -> dict[str, Any] | None:
         base = ptext(self.baseline)
-        traces = self._lines(lambda r, ri: self.speedup[ri].get(id(r)), f"<b>%{{y:.2f}}× faster than {base}</b>",
+
+        def ci_text(r, ri):
+            ci = self.speedup_ci(r, ri)
+            return f"(CI {ci[0]:.3g}–{ci[1]:.3g}×)" if ci else ""
+
+        traces = self._lines(lambda r, ri: self.speedups[ri].get(id(r)),
+                             f"<b>%{{y:.3g}}× faster than {base}</b> %{{text}}", errors=self.speedup_ci, text=ci_text,
                              skip_backends=(self.baseline, *NOT_A_CONTENDER))
-        return self._figure(f"Speedup over {self.baseline} (higher is better)", f"× faster than {self.baseline}",
-                            traces, hline=1.0)
+        return self._figure(f"Speedup over {self.baseline} (higher is better, bars: CI)",
+                            f"× faster than {self.baseline}", traces, hline=1.0)
 
     def throughput(self, key: str, title: str, unit: str) -> dict[str, Any] | None:
         traces = self._lines(lambda r, ri: number(r.get(key)) or None, f"<b>%{{y:.4g}} {unit}</b>")
@@ -267,7 +315,7 @@ class OpCharts:
                     traces.append(_roof_trace(q, lo, hi, f"{what}{suffix}", source))
         fig = {"data": traces, "layout": _layout("Roofline, all shapes (TFLOP/s vs FLOP/byte)",
                                                  "arithmetic intensity (FLOP / byte)", "TFLOP/s",
-                                                 x_log=True, y_log=True)}
+                                                 x_log=True, y_log=True, subtitle=self.context)}
         if hi / lo >= 100:
             fig["layout"]["xaxis"]["dtick"] = 1
         return fig
@@ -282,12 +330,17 @@ class OpCharts:
 
         def text(r, ri):
             v = verdicts.get((ri, id(r)))
-            return ptext(v.verdict) if v else ""
+            return ptext(v.verdict + (f" (CI {v.ratio_lo:.3f}–{v.ratio_hi:.3f})" if ci(r, ri) else "")) if v else ""
+
+        def ci(r, ri):
+            v = verdicts.get((ri, id(r)))
+            ok = v and number(v.ratio_lo) is not None and number(v.ratio_hi) is not None
+            return (v.ratio_lo, v.ratio_hi) if ok else None
 
         traces = self._lines(value, f"<b>%{{y:.3f}}× the time of {ptext(self.runs[0].label)}</b>: %{{text}}",
-                             text=text)
-        return self._figure(f"Ratio to {self.runs[0].label} (median time, < 1 is faster)", "time ratio", traces,
-                            y_log=False, hline=1.0)
+                             text=text, errors=ci)
+        return self._figure(f"Ratio to {self.runs[0].label} (median time, < 1 is faster, bars: CI)", "time ratio",
+                            traces, y_log=False, hline=1.0)
 
     def groups_of(self, run_index: int) -> list[list[dict[str, Any]]]:
         return [rs for (ri, _, _), rs in self.groups.items() if ri == run_index]
@@ -316,16 +369,9 @@ class OpCharts:
         return out
 
 
-MAX_BOX_SAMPLES = 256
-
-
-def order_statistics(samples: list[float], most: int) -> list[float]:
-    """All the samples when there are at most `most`, else `most` evenly spaced order statistics (min and max kept):
-    the same box plot (quartiles, whiskers, outliers) to within one rank in `most`."""
-    if len(samples) <= most:
-        return samples
-    ranked = sorted(samples)
-    return [ranked[round(i * (len(ranked) - 1) / (most - 1))] for i in range(most)]
+def _gap(hi: float | None, lo: float | None) -> float | None:
+    """An error bar's length, None (no bar) when a bound is unknown."""
+    return max(0.0, hi - lo) if hi is not None and lo is not None else None
 
 
 def _roof_trace(p: dict[str, float], lo: float, hi: float, name: str, source: str) -> dict[str, Any]:

@@ -106,7 +106,8 @@ class Verdict:
     note: str = ""
 
 
-def _log_halfwidth(lo: float, hi: float) -> float:
+def log_halfwidth(lo: float, hi: float) -> float:
+    """Half the width of the CI [lo, hi] on a log scale (inf when it is not positive): a relative uncertainty."""
     return (math.log(hi) - math.log(lo)) / 2.0 if lo > 0 and hi > 0 else math.inf
 
 
@@ -131,7 +132,7 @@ def timing_verdict(base: dict[str, Any], new: dict[str, Any], threshold: float, 
         ci_b = (number(new.get("ci_low")) or n_val, number(new.get("ci_high")) or n_val)
         p = 0.0 if (ci_b[0] > ci_a[1] or ci_b[1] < ci_a[0]) else 1.0
         note = "no raw samples: stored CIs compared"
-    half = math.hypot(_log_halfwidth(*ci_a), _log_halfwidth(*ci_b))
+    half = math.hypot(log_halfwidth(*ci_a), log_halfwidth(*ci_b))
     lo, hi = (ratio * math.exp(-half), ratio * math.exp(half)) if math.isfinite(half) else (0.0, math.inf)
     v = Verdict("noisy", ratio, lo, hi, p, note)
     separated = bool(a) and bool(b) and (min(b) > max(a) * (1.0 + threshold) or max(b) < min(a) * (1.0 - threshold))

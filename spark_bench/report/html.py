@@ -7,17 +7,28 @@ import datetime as dt
 import html
 import json
 import secrets
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import plotly.offline
 
-from spark_bench.console import fmt_pct
+from spark_bench.console import fmt_num, fmt_pct
 from spark_bench.report import tables
-from spark_bench.report.assets import CSS, JS
-from spark_bench.report.charts import MAX_BOX_SAMPLES, OpCharts, palette, ptext
+from spark_bench.report.assets import CSS, JS, palette
+from spark_bench.report.charts import OpCharts, ptext
 from spark_bench.report.compare import CaseDiff, compare_runs, pct, tally
-from spark_bench.report.model import RunData, by_op, failure_text, op_summary, params_text, problems, timing
+from spark_bench.report.model import (
+    MAX_BOX_SAMPLES,
+    RunData,
+    by_op,
+    failure_text,
+    op_summary,
+    params_text,
+    problems,
+    timed_on,
+    timing,
+)
 from spark_bench.report.tuned import tuned_section
 from spark_bench.telemetry.calibrate import busy_text
 
@@ -187,6 +198,10 @@ def summary(runs: Sequence[RunData], baseline: str, colours: dict[str, str]) -> 
     interp = sorted({b for r in runs for b in interpreted_backends(r).split(", ") if b})
     note = (f'<p class="sb-interpreted"><b>Interpreted:</b> {esc(", ".join(interp))} ran in the Triton interpreter '
             "(CPU, TRITON_INTERPRET=1): their times measure the interpreter, not a GPU kernel.</p>") if interp else ""
+    where = "<br>".join(f"{esc(r.label) + ': t' if multi else 'T'}imed {esc(timed_on([r], r.results))}"
+                        + (" (every time is CPU code, torch's included: not a GPU kernel)" if r.on_cpu else "")
+                        for r in runs)
+    note = f'<p class="sb-device">{where}</p>{note}'
     over = any(isinstance(cell, str) and cell.endswith(OVER_PEAK_MARK) for row in rows for cell in row)
     return (f'<section id="summary"><h2>Summary</h2>{note}{_table(headers, rows)}'
             f'<p class="muted">Fastest = highest geometric-mean speedup over <b>{esc(baseline)}</b> across the shapes '
@@ -200,18 +215,22 @@ def _summary_row(op: str, run: RunData, results: list, baseline: str, colours: d
                  multi: bool) -> list[Any]:
     s = op_summary(op, results, run.run, baseline)
     c = s["counts"]
+
+    def interp(backend: str) -> str:  # an interpreted backend's name says so wherever the summary gives it
+        labelled = any("interpreted" in (r.get("labels") or []) for r in results if r.get("backend") == backend)
+        return " (interpreted)" if labelled else ""
+
     fastest = Markup("<span class='muted'>none timed</span>")
     if s.get("fastest"):
-        interp = any("interpreted" in (r.get("labels") or []) for r in results if r.get("backend") == s["fastest"])
         fastest = Markup(f'<span class="swatch" style="background:{colours.get(s["fastest"], "#333")}">'
-                         f'</span><b>{esc(s["fastest"])}</b>' + (" (interpreted)" if interp else ""))
-    if s.get("fastest") == baseline:
+                         f'</span><b>{esc(s["fastest"])}</b>{interp(s["fastest"])}')
+    if s.get("fastest") == baseline:  # 3 significant digits: an interpreted 0.00146x never reads 0.00x
         nxt = s.get("runner_up")
-        speed = Markup("<span class='muted'>the baseline is fastest"
-                       + (f"; next {esc(nxt[0])} at {nxt[1]:.2f}× (geomean)" if nxt else "") + "</span>")
+        speed = Markup("<span class='muted'>the baseline is fastest" + (
+            f"; next {esc(nxt[0])}{interp(nxt[0])} at {fmt_num(nxt[1])}× (geomean)" if nxt else "") + "</span>")
     elif "speedup" in s:
-        speed = Markup(f"<b>{s['speedup']:.2f}×</b> <span class='muted'>geomean over {s['compared']} shapes, "
-                       f"{s['speedup_min']:.2f}–{s['speedup_max']:.2f}×</span>")
+        speed = Markup(f"<b>{fmt_num(s['speedup'])}×</b> <span class='muted'>geomean over {s['compared']} shapes, "
+                       f"{fmt_num(s['speedup_min'])}–{fmt_num(s['speedup_max'])}×</span>")
     elif "wins" in s:
         speed = Markup(f"<span class='muted'>no {esc(baseline)} baseline; fastest on {s['wins']}/"
                        f"{s['shapes']} shapes</span>")
@@ -251,7 +270,7 @@ def problems_section(runs: Sequence[RunData]) -> str:
     parts = ['<section id="problems"><h2>Mismatches and failures</h2>']
     if failed_rows:
         parts.append(f'<p><span class="pill bad">{len(failed_rows)} cases did not pass</span> every one is listed '
-                     "with its error; they are absent from the charts.</p>")
+                     "with its error, and marked ✕ at the bottom of its op's latency chart.</p>")
         parts.append(_table(lead + ["op", "backend", "dtype", "params", "status", "error"], failed_rows))
     else:
         parts.append('<p><span class="pill good">no mismatches or failures</span></p>')
@@ -272,6 +291,11 @@ def comparison(runs: Sequence[RunData], diffs: dict[int, list[CaseDiff]], data: 
     for ri, ds in diffs.items():
         pills = " ".join(f'<span class="pill v-{esc(k)}">{esc(k)} {n}</span>' for k, n in sorted(tally(ds).items()))
         parts.append(f"<h3>{esc(runs[ri].label)} vs {esc(runs[0].label)}</h3><p>{pills}</p>")
+        a, b = (r.fingerprint.get("fingerprint_id") for r in (runs[0], runs[ri]))
+        if a != b:  # `compare` refuses this without --allow-different-device; the page says it instead
+            parts.append(f'<p class="sb-warn"><b>Different machines:</b> {esc(runs[ri].device_text)} [{esc(b)}] vs '
+                         f"{esc(runs[0].device_text)} [{esc(a)}]: these ratios and verdicts compare hardware as much "
+                         "as code.</p>")
     data["tables"]["comparison"] = tables.comparison_table(runs, diffs)
     parts.append('<div data-table="comparison"></div></section>')
     return "".join(parts)
@@ -288,23 +312,31 @@ def op_section(index: int, charts: OpCharts, verdicts: dict, data: dict[str, Any
     data["samples"][key] = charts.sample_sets()
     unit = "µs" if charts.unit == "us" else charts.unit
     data["boxLayout"][key] = {
-        "title": {"text": f"<b>Raw samples per {ptext(charts.x_title)}</b>", "x": 0.01, "xanchor": "left"},
-        "boxmode": "group", "height": 380, "margin": {"l": 60, "r": 10, "t": 36, "b": 44},
+        "title": {"text": f"<b>Raw samples per {ptext(charts.x_title)}</b>", "x": 0.01, "xanchor": "left",
+                  "subtitle": {"text": ptext(charts.context), "font": {"size": 11, "color": "#5b6475"}}},
+        "boxmode": "group", "height": 396, "margin": {"l": 60, "r": 10, "t": 52, "b": 44},
         "xaxis": {"title": {"text": ptext(charts.x_title)}, "type": "category"},
         "yaxis": {"title": {"text": f"time per call ({ptext(unit)})"}, "type": "log", "dtick": 1},
         "plot_bgcolor": "white"}
-    controls = [f"<span class='muted'>swept: <b>{esc(charts.swept or 'none')}</b></span>"]
+    controls = [f"<span class='muted'>timed <b>{esc(charts.context)}</b></span>",
+                f"<span class='muted'>swept: <b>{esc(charts.swept or 'none')}</b></span>"]
     if charts.swept and len(charts.combos) > 1:
         options = "".join(f'<option value="{i}">{esc(c)}</option>' for i, c in enumerate(charts.combos))
         controls.append(f'<label>other parameters: <select class="sb-combo" data-op="{key}">{options}</select></label>')
     elif charts.swept:
         controls.append(f"<span class='muted'>at {esc(charts.combos[0])}</span>")
-    timed = {r.get("backend") for rs in charts.per_run for r in rs if timing(r)}
     interp = {b for _, b in charts.interpreted}
-    legend = " ".join(f'<span class="{"" if b in timed else "muted"}"><span class="swatch" style="background:'
+    legend = []
+    for b in charts.backends:  # each backend with how many of its cases were not timed, and why
+        timed = any(timing(r) for rs in charts.per_run for r in rs if r.get("backend") == b)
+        untimed = Counter(str(r.get("status")) for rs in charts.per_run for r in rs
+                          if r.get("backend") == b and not timing(r))
+        why = ", ".join(f"{n} {k}" for k, n in sorted(untimed.items()))
+        why = f" ({why})" if timed and why else f" (not timed: {why or 'no case'})" if not timed else ""
+        legend.append(f'<span class="{"" if timed else "muted"}"><span class="swatch" style="background:'
                       f'{charts.colours.get(b, "#333")}"></span>{esc(b)}{" (interpreted)" if b in interp else ""}'
-                      f'{"" if b in timed else " (not timed)"}</span>' for b in charts.backends)
-    controls.append(f"<span>{legend}</span>")
+                      f"{esc(why)}</span>")
+    controls.append(f"<span>{' '.join(legend)}</span>")
     body = (f'<div class="grid" data-op-figs="{key}">{"".join(divs)}</div>' if divs
             else "<p class='muted'>No timed case of this op: see the failures above.</p>")
     boxes = ""

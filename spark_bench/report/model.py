@@ -19,6 +19,7 @@ __all__ = ["ResultsError", "RunData", "load_runs"]
 SWEEP_PREFERENCE = ("tokens", "seq_len", "batch", "rows", "cols", "experts", "hidden", "inter", "heads", "topk")
 FAILED = ("mismatch", "error", "crash", "timeout", "oom")
 NOT_A_CONTENDER = ("reference",)  # the fp32 reference is timed for context, never "the fastest backend"
+MAX_BOX_SAMPLES = 256  # raw samples embedded per case for the box plots
 
 
 @dataclasses.dataclass
@@ -35,6 +36,15 @@ class RunData:
     @property
     def device_name(self) -> str:
         return str((self.fingerprint.get("device") or {}).get("name") or "unknown device")
+
+    @property
+    def on_cpu(self) -> bool:
+        return (self.fingerprint.get("device") or {}).get("type") == "cpu"
+
+    @property
+    def device_text(self) -> str:
+        """'NVIDIA H200', or 'CPU (AMD EPYC)': a CPU run's times are host code, never a GPU kernel's."""
+        return f"CPU ({self.device_name})" if self.on_cpu else self.device_name
 
 
 def load_runs(run_dirs: Iterable[str | Path]) -> list[RunData]:
@@ -108,6 +118,21 @@ def match_key(r: dict[str, Any]) -> tuple[str, str, str, str]:
     return (r.get("op", "?"), r.get("backend", "?"), params_json(r.get("params")), str(r.get("dtype")))
 
 
+def timers(results: Iterable[dict[str, Any]]) -> list[str]:
+    """The timers of the timed cases ('cuda-event', 'cuda-graph', 'cpu-perf_counter'), sorted."""
+    return sorted({str(t.get("timer") or "?") for r in results for t in [timing(r)] if t})
+
+
+def timed_on(runs: Sequence[RunData], results: Iterable[dict[str, Any]]) -> str:
+    """Where and how `results` were timed: 'on CPU (AMD EPYC) · timer cpu-perf_counter'; runs of different machines
+    (device fingerprints) on one chart say so."""
+    devices = list(dict.fromkeys(run.device_text for run in runs))
+    machines = {run.fingerprint.get("fingerprint_id") for run in runs}
+    used = timers(results)
+    return (f"on {' and '.join(devices)}" + (" (different machines on one axis)" if len(machines) > 1 else "")
+            + f" · timer {', '.join(used) or 'none'}" + (" (mixed: see each point)" if len(used) > 1 else ""))
+
+
 def timing(r: dict[str, Any]) -> dict[str, Any] | None:
     t = r.get("timing")
     return t if r.get("status") == "ok" and isinstance(t, dict) and _num(t.get("median")) else None
@@ -129,13 +154,15 @@ def by_op(results: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def swept_axis(results: Sequence[dict[str, Any]]) -> str | None:
-    """The numeric axis with the most distinct values (ties broken by SWEEP_PREFERENCE), or None."""
+    """The numeric axis with the most distinct values (ties broken by SWEEP_PREFERENCE), or None; only an axis every
+    case has a number for (a case without it could not be placed on the chart)."""
     values: dict[str, set] = defaultdict(set)
     for r in results:
         for k, v in (r.get("params") or {}).items():
             if _num(v):
                 values[k].add(v)
-    multi = [k for k, v in values.items() if len(v) > 1]
+    everywhere = [k for k in values if all(_num((r.get("params") or {}).get(k)) for r in results)]
+    multi = [k for k in everywhere if len(values[k]) > 1]
     if not multi:
         return None
     rank = {k: i for i, k in enumerate(SWEEP_PREFERENCE)}
@@ -225,20 +252,20 @@ def geomean(xs: Sequence[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
+def baseline_twins(results: Sequence[dict[str, Any]], baseline: str) -> dict[int, dict[str, Any]]:
+    """id(result) -> the baseline's case of the same params and dtype, for timed cases whose twin was timed too."""
+    def key(r: dict[str, Any]) -> tuple[str, str]:
+        return params_json(r.get("params")), str(r.get("dtype"))
+
+    base = {key(r): r for r in results if timing(r) and r.get("backend") == baseline}
+    return {id(r): base[key(r)] for r in results if timing(r) and key(r) in base}
+
+
 def speedups(results: Sequence[dict[str, Any]], baseline: str) -> dict[int, float]:
     """id(result) -> baseline median / this median, for timed cases whose baseline twin was timed too."""
-    base = {}
-    for r in results:
-        t = timing(r)
-        if t and r.get("backend") == baseline:
-            base[(params_json(r.get("params")), str(r.get("dtype")))] = t["median"]
-    out = {}
-    for r in results:
-        t = timing(r)
-        b = base.get((params_json(r.get("params")), str(r.get("dtype"))))
-        if t and b and t["median"] > 0:
-            out[id(r)] = b / t["median"]
-    return out
+    twins = baseline_twins(results, baseline)
+    return {id(r): timing(twins[id(r)])["median"] / timing(r)["median"] for r in results
+            if id(r) in twins and timing(r)["median"] > 0 and timing(twins[id(r)])["median"]}
 
 
 def op_summary(op: str, results: Sequence[dict[str, Any]], run: dict[str, Any], baseline: str) -> dict[str, Any]:
@@ -306,3 +333,12 @@ def failure_text(r: dict[str, Any]) -> str:
         if check.get("message"):
             parts.append(str(check["message"]))
     return "; ".join(parts) or "no error text recorded"
+
+
+def order_statistics(samples: list[float], most: int) -> list[float]:
+    """All the samples when there are at most `most`, else `most` evenly spaced order statistics (min and max kept):
+    the same box plot (quartiles, whiskers, outliers) to within one rank in `most`."""
+    if len(samples) <= most:
+        return samples
+    ranked = sorted(samples)
+    return [ranked[round(i * (len(ranked) - 1) / (most - 1))] for i in range(most)]

@@ -26,16 +26,21 @@ def _col(name: str, title: str = "", **kw: Any) -> dict[str, Any]:
     return {"name": name, **({"title": title} if title else {}), **kw}
 
 
+def _unit(records: Sequence[dict[str, Any] | None]) -> str:
+    return next((t.get("unit") or "us" for r in records if r for t in [timing(r)] if t), "us")
+
+
 def cases_table(runs: Sequence[RunData], baseline: str) -> dict[str, Any]:
     multi = len(runs) > 1
-    unit = next((t.get("unit", "us") for run in runs for r in run.results for t in [timing(r)] if t), "us")
+    unit = _unit([r for run in runs for r in run.results])
     columns = ([_col("run")] if multi else []) + [
         _col("op"), _col("backend"), _col("dtype"), _col("params", cls="code"), _col("status", tag="st"),
         _col(f"median_{unit}", "median time per call"), _col(f"p10_{unit}"), _col(f"p90_{unit}"),
         _col("rel_iqr_%", "interquartile range / median", sig=3), _col("n", "samples"), _col("timer"),
+        _col("device", "where the case ran: a CPU's times are host code, never a GPU kernel's"),
         _col("GB/s"), _col("TFLOP/s"), _col("roofline_%", "best fraction of a roof (see the summary)", sig=3),
         _col("roof", "which roof, and whether its peak was measured on this device or taken from the datasheet"),
-        _col(f"x_{baseline}", f"speedup over {baseline}", digits=2), _col("err_ratio", "RMS(out-ref)/RMS(ref)"),
+        _col(f"x_{baseline}", f"speedup over {baseline}", sig=3), _col("err_ratio", "RMS(out-ref)/RMS(ref)"),
         _col("energy_uJ", "energy per call, measured on calls back to back without the L2 flush (warm L2, eager "
                           "launches; power.regime): not the regime of the latency columns"),
         _col("peak_MB", "peak memory of the case: device bytes on a GPU (max_memory_allocated), else the worker's "
@@ -56,7 +61,7 @@ def cases_table(runs: Sequence[RunData], baseline: str) -> dict[str, Any]:
             rows.append(([run.label] if multi else []) + [
                 r.get("op"), r.get("backend"), r.get("dtype"), params_text(r.get("params") or {}), r.get("status"),
                 med, number(t.get("p10")), number(t.get("p90")), 100 * iqr / med if iqr is not None and med else None,
-                t.get("n"), t.get("timer"), number(r.get("gbps")), number(r.get("tflops")),
+                t.get("n"), t.get("timer"), run.device_text, number(r.get("gbps")), number(r.get("tflops")),
                 *(pct or (None, None)), sp.get(id(r)), number((r.get("check") or {}).get("err_ratio")),
                 energy * 1e6 if energy is not None else None, peak_mb(r), ", ".join(map(str, r.get("labels") or [])),
                 failure_text(r) if r.get("status") != "ok" else (r.get("error") or ""),
@@ -73,10 +78,11 @@ def _group(results: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
 
 def comparison_table(runs: Sequence[RunData], diffs: dict[int, list[CaseDiff]]) -> dict[str, Any]:
     multi = len(diffs) > 1
+    unit = _unit([x for ds in diffs.values() for d in ds for x in (d.base, d.new)])
     columns = ([_col("run")] if multi else []) + [
-        _col("op"), _col("backend"), _col("dtype"), _col("params", cls="code"), _col("base_median"),
-        _col("new_median"), _col("ratio", "new / base median time: > 1 is slower", digits=3),
-        _col("ratio_ci_low", digits=3), _col("ratio_ci_high", digits=3), _col("p", "Mann-Whitney U, two-sided"),
+        _col("op"), _col("backend"), _col("dtype"), _col("params", cls="code"), _col(f"base_median_{unit}"),
+        _col(f"new_median_{unit}"), _col("ratio", "new / base median time: > 1 is slower", sig=4),
+        _col("ratio_ci_low", sig=4), _col("ratio_ci_high", sig=4), _col("p", "Mann-Whitney U, two-sided"),
         _col("verdict", tag="v"), _col("note", cls="err"),
     ]
     rows = []
