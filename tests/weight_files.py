@@ -83,9 +83,10 @@ DEEPSEEK_NAMES = {"gate": "mlp.gate.weight", "bias": "mlp.gate.e_score_correctio
 
 
 def kimi_checkpoint(root: Path, layers: int = 2, corrupt: str | None = None, corrupt_layer: int = 1,
-                    config: bool = True) -> Path:
+                    config: bool = True, config_patch: dict | None = None, edit=None) -> Path:
     """root/ with model-0000{n+1}-of-0000{layers}.safetensors (layer n in shard n), model.safetensors.index.json and
-    config.json. Returns the index path."""
+    config.json (updated with `config_patch`). `edit(tensors)` may change each layer's tensors before they are
+    written. Returns the index path."""
     from safetensors.torch import save_file
 
     root.mkdir(parents=True, exist_ok=True)
@@ -94,6 +95,8 @@ def kimi_checkpoint(root: Path, layers: int = 2, corrupt: str | None = None, cor
         gen = _gen(100 + n)
         tensors = {**kda_tensors(n, gen, corrupt=corrupt if n == corrupt_layer else None),
                    **moe_tensors(f"model.layers.{n}.", gen, KIMI_NAMES, KDA["D"])}
+        if edit is not None:
+            edit(tensors)
         shard = f"model-{n + 1:05d}-of-{layers:05d}.safetensors"
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(root / shard))
         weight_map.update(dict.fromkeys(tensors, shard))
@@ -103,7 +106,7 @@ def kimi_checkpoint(root: Path, layers: int = 2, corrupt: str | None = None, cor
         (root / "config.json").write_text(json.dumps({
             "model_type": "kimi_linear", "hidden_size": KDA["D"], "num_experts": MOE["E"],
             "num_experts_per_token": MOE["topk"], "num_expert_group": 1, "topk_group": 1,
-            "routed_scaling_factor": MOE["rsf"], "moe_intermediate_size": MOE["I"]}))
+            "routed_scaling_factor": MOE["rsf"], "moe_intermediate_size": MOE["I"], **(config_patch or {})}))
     return index
 
 
@@ -121,18 +124,21 @@ def deepseek_checkpoint(root: Path, layer: int = 3, D: int = 96, E: int = 8, gro
     return path
 
 
-def gguf_file(path: Path, layers: int = 2, D: int = 256, I: int = 256, E: int = 4, topk: int = 2) -> Path:
+def gguf_file(path: Path, layers: int = 2, D: int = 256, I: int = 256, E: int = 4, topk: int = 2,
+              meta: dict | None = None, types: dict | None = None) -> Path:
     """A DeepSeek-style GGUF (arch deepseek2) with `layers` MoE layers: f32 router, exp_probs_b, Q2_K gate/up and Q3_K
-    down experts (stacked) and shared expert, all quantized by plugins/quant/kquants.quantize."""
+    down experts (stacked) and shared expert, all quantized by plugins/quant/kquants.quantize. `meta` adds or
+    replaces deepseek2.* keys (value types as given); `types` stores named expert tensors (e.g. ffn_down_exps) in
+    another GGML type, as random bytes of its size."""
     import gguf
     from spark_bench.plugins.quant import kquants
 
     w = gguf.GGUFWriter(str(path), "deepseek2")
-    w.add_uint32("deepseek2.expert_count", E)
-    w.add_uint32("deepseek2.expert_used_count", topk)
-    w.add_uint32("deepseek2.expert_group_count", 1)
-    w.add_uint32("deepseek2.expert_group_used_count", 1)
-    w.add_float32("deepseek2.expert_weights_scale", 2.5)
+    keys = {"expert_count": E, "expert_used_count": topk, "expert_group_count": 1, "expert_group_used_count": 1,
+            "expert_weights_scale": 2.5, **(meta or {})}
+    for key, value in keys.items():
+        add = {bool: w.add_bool, int: w.add_uint32, float: w.add_float32, str: w.add_string}[type(value)]
+        add(f"deepseek2.{key}", value)
     Q2, Q3 = gguf.GGMLQuantizationType.Q2_K, gguf.GGMLQuantizationType.Q3_K
     for n in range(layers):
         gen = _gen(200 + n)
@@ -148,6 +154,10 @@ def gguf_file(path: Path, layers: int = 2, D: int = 256, I: int = 256, E: int = 
                 ("ffn_up_shexp", I, D, "q2_k", Q2, 1 / math.sqrt(D), ()),
                 ("ffn_down_shexp", D, I, "q3_k", Q3, 0.25 / math.sqrt(I), ())):
             blocks = kquants.quantize(torch.randn(*lead, rows, cols, generator=gen) * std, fmt)
+            if name in (types or {}):
+                qtype = gguf.GGMLQuantizationType[types[name].upper()]
+                block, size = gguf.GGML_QUANT_SIZES[qtype]
+                blocks = torch.randint(0, 256, (*lead, rows, cols // block * size), generator=gen, dtype=torch.uint8)
             w.add_tensor(p + name + ".weight", blocks.numpy(), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()

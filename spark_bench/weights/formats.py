@@ -111,6 +111,8 @@ class SafetensorsReader(Reader):
             weight_map = json.loads(index.read_text())["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise WeightError(f"{index}: not a safetensors index (no readable weight_map: {exc})") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise WeightError(f"{index}: not a safetensors index (weight_map must map tensor names to shard files)")
         self._shard_files = sorted({index.parent / f for f in weight_map.values()})
         for name, shard in weight_map.items():
             self._shard_of[name] = index.parent / shard
@@ -159,9 +161,12 @@ class SafetensorsReader(Reader):
         config = self.root / "config.json"
         if config.is_file():
             try:
-                return json.loads(config.read_text())
+                meta = json.loads(config.read_text())
             except ValueError as exc:
                 raise WeightError(f"{config}: not valid JSON ({_one_line(exc)})") from None
+            if not isinstance(meta, dict):
+                raise WeightError(f"{config}: expected a JSON object (a model config), got {type(meta).__name__}")
+            return meta
         return {}
 
     def load(self, name: str) -> torch.Tensor:
@@ -193,7 +198,7 @@ class GGUFReader(Reader):
         size = path.stat().st_size
         try:
             self._reader = _TruncationTolerantReader(str(path), "r")
-        except (ValueError, IndexError, OSError, TypeError) as exc:
+        except (ValueError, IndexError, KeyError, OSError, TypeError) as exc:  # KeyError: a key stored twice
             raise WeightError(f"{path}: corrupt or truncated GGUF file ({_one_line(exc)})") from None
         self.files_opened.add(str(path))
         self._tensors = {}
@@ -244,13 +249,25 @@ def _tolerant_reader_class():
     import gguf
 
     class Reader(gguf.GGUFReader):
-        """gguf's reader, except that a tensor cut short by a truncated file gets a placeholder view instead of a
-        reshape error, so the size check above can name the tensor."""
+        """gguf's reader, except that a tensor cut short by a truncated file gets a placeholder view (zero strides:
+        no memory) instead of a reshape error, so the size check above can name the tensor; a header that runs past
+        the end of the file (a corrupt count or length) is a ValueError."""
+
+        _tensor_data = False
+
+        def _build_tensors(self, start_offs, fields):
+            self._tensor_data = True
+            super()._build_tensors(start_offs, fields)
 
         def _get(self, offset, dtype, count=1, override_order=None):
-            arr = super()._get(offset, dtype, count, override_order)
+            try:
+                arr = super()._get(offset, dtype, count, override_order)
+            except ValueError:  # less than one item left
+                arr = np.empty(0, dtype=dtype)
             if arr.size < int(count):
-                return np.zeros(int(count), dtype=arr.dtype)
+                if not self._tensor_data:
+                    raise ValueError(f"its header runs past the end of the file (at byte {offset})")
+                return np.broadcast_to(np.zeros(1, dtype=arr.dtype), (int(count),))
             return arr
 
     return Reader

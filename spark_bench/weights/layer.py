@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from spark_bench.weights import config
 from spark_bench.weights.formats import WeightError, open_weights
 from spark_bench.weights.names import detect_family, layers_in
 from spark_bench.weights.routing import load_routing
@@ -77,12 +78,14 @@ class LayerSource:
         self.kda: KdaPlan | None = None
         self.moe: MoePlan | None = None
         self.layer = spec.get("layer")
+        self.router_mismatch: str | None = None
         if not spec.get("path"):
             return
         self.reader = open_weights(spec["path"])
         layers = layers_in(self.reader)
         if not layers:
-            raise WeightError(f"{spec['path']}: no layer tensors (model.layers.N.* or blk.N.*) found")
+            raise WeightError(f"{spec['path']}: no layer tensors (model.layers.N.* or blk.N.*) found"
+                              f"{self._holds('', 'the file')}")
         if self.layer is None:
             if len(layers) > 1:
                 raise WeightError(f"{spec['path']} holds layers {_ranges(layers)}: pick one with --layer N")
@@ -91,35 +94,31 @@ class LayerSource:
             raise WeightError(f"{spec['path']}: no layer {self.layer} (the file holds layers {_ranges(layers)})")
         self.where = f"{spec['path']} layer {self.layer}"
         self.family = detect_family(self.reader, self.layer)
+        prefix = f"model.layers.{self.layer}."
         if self.family is None:
-            raise WeightError(f"{self.where}: no KDA (self_attn.A_log, ...) or MoE (mlp.gate / block_sparse_moe.gate) "
-                              "tensors under a known family's names (kimi-linear, deepseek-v3, gguf)")
+            raise WeightError(f"{self.where}: no tensor under a known family's names: looked for {prefix}self_attn."
+                              f"A_log (KDA), {prefix}block_sparse_moe.* or {prefix}mlp.* (MoE){self._holds(prefix)}")
+        router = config.stated(self.reader, self.family)
         self.kda = plan_kda(self.reader, self.family, self.layer, self.where)
-        self.moe = plan_moe(self.reader, self.family, self.layer, self.where, self._config())
+        self.moe = plan_moe(self.reader, self.family, self.layer, self.where, router.values)
         if self.kda is None and self.moe is None:
-            raise WeightError(f"{self.where}: the layer has neither a KDA block nor an MoE layer "
-                              f"(family {self.family.name})")
+            prefix = self.family.layer_prefix(self.layer)
+            wanted = [prefix + n for n in self.family.kda.get("a_log", ()) + self.family.moe["gate_w"]]
+            raise WeightError(f"{self.where}: the layer has neither a KDA block nor an MoE layer (family "
+                              f"{self.family.name}): looked for {' or '.join(wanted)}{self._holds(prefix)}")
+        if self.moe is not None:
+            config.check_router(router, self.moe.dims["E"], self.where)
+        self.router_mismatch = router.mismatch  # the file's router is not the ops' (routing=model refuses it)
         self._loaded: dict[Any, Any] = {}
+
+    def _holds(self, prefix: str, what: str = "the layer") -> str:
+        """'; <what> holds <a few of its tensor names>' (for the messages naming what was looked for)."""
+        names = sorted(n for n in self.reader.names() if prefix in n)  # also under another prefix (language_model.)
+        return f"; {what} holds {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}" if names else ""
 
     @property
     def has_layer(self) -> bool:
         return self.reader is not None
-
-    def _config(self) -> dict[str, Any]:
-        meta = self.reader.metadata()
-        if self.reader.format == "gguf":
-            arch = meta.get("general.architecture", "")
-            meta = {k[len(arch) + 1:]: v for k, v in meta.items() if arch and k.startswith(arch + ".")}
-        else:
-            meta = {**meta.get("text_config", {}), **meta} if isinstance(meta.get("text_config"), dict) else meta
-        out = {}
-        for axis, keys in self.family.config_keys.items():
-            for key in keys:
-                if key in meta and meta[key] is not None:
-                    value = meta[key]
-                    out[axis] = float(value) if axis == "routed_scaling_factor" else int(value)
-                    break
-        return out
 
     def shapes(self, family: str) -> dict[str, Any] | None:
         plan = self.kda if family == "kda" else self.moe

@@ -30,6 +30,7 @@ class Family:
     moe: dict[str, tuple[str, ...]]  # gate_w, gate_bias, w1, w3, w2 (per expert or stacked), shared_w1/w3/w2, norm
     stacked_experts: bool  # routed experts in one [E, ...] tensor (GGUF) or one tensor per expert (HF)
     config_keys: dict[str, tuple[str, ...]]  # topk, groups, topk_groups, routed_scaling_factor -> config keys
+    router_keys: dict[str, tuple[str, ...]]  # scoring (function), renormalize -> config keys (weights/config.py)
 
     def layer_prefix(self, layer: int) -> str:
         return self.prefix.format(n=layer)
@@ -78,13 +79,15 @@ FAMILIES = {
                _hf_moe("mlp", "w1", "w3", "w2", "shared_experts", "e_score_correction_bias")),
         stacked_experts=False,
         config_keys={"topk": ("num_experts_per_token", "num_experts_per_tok"), "groups": ("num_expert_group",),
-                     "topk_groups": ("topk_group",), "routed_scaling_factor": ("routed_scaling_factor",)}),
+                     "topk_groups": ("topk_group",), "routed_scaling_factor": ("routed_scaling_factor",)},
+        router_keys={"scoring": ("moe_router_activation_func",), "renormalize": ("moe_renormalize",)}),
     "deepseek-v3": Family(
         "deepseek-v3", "model.layers.{n}.", {},
         _hf_moe("mlp", "gate_proj", "up_proj", "down_proj", "shared_experts", "e_score_correction_bias"),
         stacked_experts=False,
         config_keys={"topk": ("num_experts_per_tok",), "groups": ("n_group",), "topk_groups": ("topk_group",),
-                     "routed_scaling_factor": ("routed_scaling_factor",)}),
+                     "routed_scaling_factor": ("routed_scaling_factor",)},
+        router_keys={"scoring": ("scoring_func",), "renormalize": ("norm_topk_prob",)}),
     "gguf": Family(
         "gguf", "blk.{n}.", {},
         {"gate_w": ("ffn_gate_inp.weight",), "gate_bias": ("exp_probs_b.bias", "exp_probs_b"),
@@ -94,7 +97,8 @@ FAMILIES = {
         stacked_experts=True,
         # {arch}.<key> in the GGUF metadata
         config_keys={"topk": ("expert_used_count",), "groups": ("expert_group_count",),
-                     "topk_groups": ("expert_group_used_count",), "routed_scaling_factor": ("expert_weights_scale",)}),
+                     "topk_groups": ("expert_group_used_count",), "routed_scaling_factor": ("expert_weights_scale",)},
+        router_keys={"scoring": ("expert_gating_func",), "renormalize": ("expert_weights_norm",)}),
 }
 
 

@@ -37,15 +37,13 @@ def bind(ops: list, spec: Any, typed_overrides, notes: list[str] | None = None
     if src.has_layer and spec.preset is not None:
         raise WeightError(f"--preset {spec.preset} and --weights both set the shapes; drop --preset")
     explicit = {p for p in spec.ops if not (set(p) & GLOB_CHARS)}
-    kept, fixed, dropped = [], {}, []
+    kept, fixed, dropped, replaying = [], {}, [], []
     for op in ops:
         axes: dict[str, list[Any]] = {}
         if src.has_layer:
             why = _why_not(op, src)
             if why:
-                if op.name in explicit:
-                    raise WeightError(f"{op.name}: {why}")
-                dropped.append(f"{op.name} ({why})")
+                _leave_out(op, why, explicit, dropped)
                 continue
             for axis, value in op.from_weights.fixed(src.shapes(op.from_weights.family)).items():
                 if axis not in op.axis_names:
@@ -59,16 +57,41 @@ def bind(ops: list, spec: Any, typed_overrides, notes: list[str] | None = None
             if src.activations is not None and src.activations.shape[1] != hidden:
                 raise WeightError(f"activation file {src.spec['activations']}: rows of {src.activations.shape[1]}, "
                                   f"but {src.where} has hidden = {hidden}")
-        if "routing" in op.axis_names:
-            _routing(op, src, spec, axes, typed_overrides)
+        replays = "routing" in op.axis_names and _routing(op, src, spec, axes, typed_overrides)
+        why = _no_point(op, src, spec, typed_overrides, axes) if src.has_layer else None
+        if why:
+            _leave_out(op, why, explicit, dropped)
+            continue
         kept.append(op)
+        replaying += [op] if replays else []
         if axes:
             fixed[op.name] = axes
     if not kept:
         raise WeightError(f"no selected op can run on {src.where}: {'; '.join(dropped)}")
+    if src.routing is not None and not replaying:  # else the fingerprint would name a trace no case replayed
+        names = ", ".join(o.name for o in kept)
+        raise WeightError(f"routing file {src.routing.path}: no selected op replays it ({names}); the ops with a "
+                          "routing axis do, at routing=file")
     if dropped and notes is not None:
         notes.append(f"left out of the sweep, {src.where} cannot feed them: {'; '.join(dropped)}")
     return kept, fixed
+
+
+def _leave_out(op, why: str, explicit: set[str], dropped: list[str]) -> None:
+    """An op the layer cannot feed: an error when named exactly, else left out of the glob (with its reason)."""
+    if op.name in explicit:
+        raise WeightError(f"{op.name}: {why}")
+    dropped.append(f"{op.name} ({why})")
+
+
+def _no_point(op, src, spec, typed_overrides, axes) -> str | None:
+    """Why a constraint rejects every point of `op` with the axes the file fixes (else the op would silently run
+    no case), or None."""
+    values = {**typed_overrides(op, spec.overrides), **axes}
+    if op.points(values, quick=spec.quick):
+        return None
+    point = {a.name: a.sweep(spec.quick)[0] for a in op.axes} | {k: v[0] for k, v in values.items()}
+    return f"no valid point on {src.where}: {op.invalid_reason(point)}"
 
 
 def _why_not(op, src) -> str | None:
@@ -96,17 +119,21 @@ def _router_axes(op, src, spec, axes) -> None:
             axes[axis] = [value]
 
 
-def _routing(op, src, spec, axes, typed_overrides) -> None:
+def _routing(op, src, spec, axes, typed_overrides) -> bool:
+    """Check the op's routing values against the source and fix the axes a routing file fixes; True when the op
+    replays the file (routing=file)."""
     sets = op_overrides(spec.overrides, op.name)
     values = list(sets.get("routing", [])) or (["file"] if src.routing else [])
     if "file" in values and src.routing is None:
         raise WeightError("routing=file needs --routing FILE (the expert ids to replay)")
     if "model" in values and (not src.has_layer or src.moe is None):
         raise WeightError("routing=model needs --weights PATH with an MoE layer (its router)")
+    if "model" in values and src.router_mismatch:
+        raise WeightError(f"routing=model: {src.router_mismatch}, so the file's routing cannot be replayed")
     if src.routing is not None and "routing" not in sets:
         axes["routing"] = ["file"]
     if "file" not in values:
-        return
+        return False
     trace = src.routing
     if "topk" in axes and axes["topk"] != [trace.topk]:
         raise WeightError(f"routing file {trace.path}: {trace.topk} experts per token, but the model's top-k is "
@@ -116,10 +143,11 @@ def _routing(op, src, spec, axes, typed_overrides) -> None:
     axes["topk"] = [trace.topk]
     if "experts" in axes:
         trace.check_experts(axes["experts"][0], f" (the layer has {axes['experts'][0]} routed experts)")
-        return
+        return True
     points = op.points({**typed_overrides(op, spec.overrides), **axes}, quick=spec.quick, preset=spec.preset)
     for experts in sorted({p["experts"] for p in points}):
         trace.check_experts(experts, f" ({op.name} at experts={experts}; --set experts=N with N > {trace.max_id})")
+    return True
 
 
 def fixed_point(op, weights: dict[str, Any], sets: dict[str, str]) -> dict[str, Any]:

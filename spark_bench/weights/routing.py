@@ -22,6 +22,8 @@ import torch
 
 from spark_bench.weights.formats import WeightError
 
+MAX_ID = int(np.iinfo(np.int32).max)  # ids are replayed as int32: a larger one would wrap around to another expert
+
 
 class RoutingTrace:
     def __init__(self, path: Path, ids: np.ndarray, weights: np.ndarray | None) -> None:
@@ -89,9 +91,10 @@ def load_routing(path: str) -> RoutingTrace:
         raise WeightError(f"routing file {p}: expected expert ids [tokens, topk], got shape {list(ids.shape)}")
     if not np.issubdtype(ids.dtype, np.integer):
         raise WeightError(f"routing file {p}: expert ids must be integers, not {ids.dtype}")
-    if (ids < 0).any():
-        t, k = (int(v) for v in np.argwhere(ids < 0)[0])
-        raise WeightError(f"routing file {p}: token {t} has expert id {int(ids[t, k])}, out of range (ids are >= 0)")
+    for bad, why in ((ids < 0, "ids are >= 0"), (ids > MAX_ID, f"ids are <= {MAX_ID}")):
+        if bad.any():
+            t, k = (int(v) for v in np.argwhere(bad)[0])
+            raise WeightError(f"routing file {p}: token {t} has expert id {int(ids[t, k])}, out of range ({why})")
     srt = np.sort(ids, axis=1)
     dup = np.argwhere((srt[:, 1:] == srt[:, :-1]).any(axis=1)) if ids.shape[1] > 1 else np.empty((0, 1))
     if dup.size:
@@ -113,11 +116,14 @@ def _read_jsonl(p: Path) -> tuple[np.ndarray, np.ndarray | None]:
             ids = item.get("ids") if isinstance(item, dict) else item
             if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
                 raise WeightError(f"routing file {p}: line {n}: expected a list of integer expert ids")
+            if any(abs(i) > MAX_ID for i in ids):
+                raise WeightError(f"routing file {p}: line {n}: expert id out of range ({ids})")
             if rows and len(ids) != len(rows[0]):
                 raise WeightError(f"routing file {p}: line {n} has {len(ids)} ids, the first line {len(rows[0])}")
             rows.append(ids)
             w = item.get("weights") if isinstance(item, dict) else None
-            if w is not None and (not isinstance(w, list) or len(w) != len(ids)):
+            if w is not None and (not isinstance(w, list) or len(w) != len(ids) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in w)):
                 raise WeightError(f"routing file {p}: line {n}: weights must be a list of {len(ids)} numbers")
             weights.append(w)
     if not rows:

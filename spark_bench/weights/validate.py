@@ -98,7 +98,7 @@ def plan_kda(reader: Reader, family: Family, layer: int, where: str) -> KdaPlan 
     K, V = q.shape[0] // H, v.shape[0] // H
     _expect(infos["k_proj"], [H * K, D], where, "k_proj is [H*K, D] like q_proj")
     _check_gate_params(infos["a_log"], infos["dt_bias"], H, K, where)
-    W = None
+    widths = {}
     for part, rows in zip(CONV_PARTS, (H * K, H * K, H * V), strict=True):
         info = infos[part]
         shape = _shape(info)
@@ -107,11 +107,11 @@ def plan_kda(reader: Reader, family: Family, layer: int, where: str) -> KdaPlan 
         if len(shape) != 2 or shape[0] != rows:
             raise WeightError(f"{where}: {info.name} has shape {_shape(info)}, expected [{rows}, 1, W] (the short "
                               f"conv of {part[0]}: the conv weight is the q|k|v concatenation [2HK + HV, W])")
-        if W is not None and shape[1] != W:
-            raise WeightError(f"{where}: {info.name} has conv width {shape[1]}, the other parts {W}")
-        W = shape[1]
-    if W != CONV_WIDTH:
-        raise WeightError(f"{where}: short conv width {W}; the KDA ops take width {CONV_WIDTH}")
+        widths[info.name] = shape[1]
+    if set(widths.values()) != {CONV_WIDTH}:
+        listing = ", ".join(f"{name} {w}" for name, w in widths.items())
+        raise WeightError(f"{where}: short conv widths {listing}; the KDA ops take width {CONV_WIDTH} for all three")
+    W = CONV_WIDTH
     f_a, f_b = infos["f_a"], infos["f_b"]
     if len(f_a.shape) != 2 or f_a.shape[1] != D:
         raise WeightError(f"{where}: {f_a.name} has shape {_shape(f_a)}, expected [r, D = {D}] (forget gate down)")
@@ -215,7 +215,9 @@ def plan_moe(reader: Reader, family: Family, layer: int, where: str, config: dic
         sfmt = _format_of([s1, s3, s2], where, "the shared expert's weights")
         if sfmt != fmt:
             raise WeightError(f"{where}: the shared expert is {sfmt} but the routed experts are {fmt}")
-        Is = s1.shape[0] if len(s1.shape) == 2 else -1
+        if len(s1.shape) != 2:
+            raise WeightError(f"{where}: {s1.name} has shape {_shape(s1)}, expected [Is, D = {D}] (shared expert gate)")
+        Is = s1.shape[0]
         _expect(s1, [Is, D], where, "shared expert gate [Is, D]")
         _expect(s3, [Is, D], where, "shared expert up [Is, D]")
         _expect(s2, [D, Is], where, "shared expert down [D, Is]")
