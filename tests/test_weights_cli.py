@@ -179,6 +179,30 @@ def test_resume_reuses_the_weight_spec(files, tmp_path):
     assert done.returncode == 2 and "drop --weights" in done.stderr
 
 
+def test_resume_refuses_weights_that_changed_since_the_run_started(tmp_path):
+    ckpt, out = kimi_checkpoint(tmp_path / "kimi"), tmp_path / "run"
+
+    def spark_bench(*args):  # each in its own process: a run holds its directory's lock until its process ends
+        return subprocess.run(spark_bench_cmd(*args), capture_output=True, text=True, timeout=600)
+
+    done = spark_bench("run", "--weights", ckpt, "--layer", 0, "--op", "moe.router", "--backend", "torch",
+                       "--set", "tokens=1,5", "--out", out, "--no-report", "--executor", "inprocess")
+    assert done.returncode == 0, done.stderr
+    lines = (out / "results.jsonl").read_text().splitlines()
+    (out / "results.jsonl").write_text(lines[0] + "\n")  # as if killed after the first case
+
+    def scale_first_tensor(tensors):
+        name = sorted(tensors)[0]
+        tensors[name] = tensors[name] * 2
+
+    kimi_checkpoint(tmp_path / "kimi", edit=scale_first_tensor)  # the same files, other values
+    done = spark_bench("run", "--resume", out, "--no-report", "--executor", "inprocess")
+    code, err = done.returncode, done.stderr
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "the layer file" in err and "changed since this run started" in err
+    assert len((out / "results.jsonl").read_text().splitlines()) == 1  # nothing appended
+
+
 @pytest.mark.filterwarnings("ignore:Benchmark machine_info is different")  # other weights, on purpose
 def test_pytest_baseline_on_other_weights_is_flagged(pytester, files, tmp_path):
     ckpt = tmp_path / "kimi"
