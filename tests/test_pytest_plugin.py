@@ -125,9 +125,9 @@ def test_compare_fail_catches_a_slowdown(pytester, fresh_registry, monkeypatch):
 
     monkeypatch.setenv("FAULT_SLOW_S", "0.060")  # a 20% slowdown
     slower = pytester.runpytest(*slow, *compare)
-    assert slower.ret != 0, slower.stdout.str()
-    assert "Performance has regressed" in slower.stdout.str() + slower.stderr.str()
-    assert "fault.scale[slow-fp32-R3-C5]" in slower.stderr.str()
+    assert slower.ret == pytest.ExitCode.TESTS_FAILED, slower.stdout.str()
+    assert "Performance has regressed" in slower.stdout.str() and "Traceback" not in slower.stderr.str()
+    assert "fault.scale[slow-fp32-R3-C5] vs 0001_base: median " in slower.stdout.str()
 
     # A baseline from another device fingerprint: a loud warning by default, an error on request.
     saved = next((pytester.path / ".benchmarks").glob("*/0001_base.json"))
@@ -143,6 +143,10 @@ def test_compare_fail_catches_a_slowdown(pytester, fresh_registry, monkeypatch):
     failed = pytester.runpytest(*slow, "--benchmark-compare", "0001", "--spark-fingerprint-mismatch", "fail")
     assert failed.ret == pytest.ExitCode.USAGE_ERROR
     assert "another device fingerprint" in failed.stderr.str()
+    # a gate refuses another fingerprint by default, as `spark-bench compare` does; =warn compares anyway
+    gate = pytester.runpytest(*slow, *compare)
+    assert gate.ret == pytest.ExitCode.USAGE_ERROR and "another device fingerprint" in gate.stderr.str()
+    assert pytester.runpytest(*slow, *compare, "--spark-fingerprint-mismatch", "warn").ret == 0
 
 
 def test_fixture_times_a_custom_callable(pytester, fresh_registry):

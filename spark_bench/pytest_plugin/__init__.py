@@ -8,7 +8,9 @@ collects one test per case of the sweep `spark-bench run` would run (same option
 backends of one shape side by side. Each test checks the backend against the reference (a mismatch fails it), then
 times it with spark-bench's timing engine; those device-time samples become the benchmark's statistics, so
 --benchmark-json/-save/-compare/-compare-fail work on them. The device fingerprint is added to the machine info and a
-compare against a baseline of another fingerprint warns or fails (--spark-fingerprint-mismatch). See docs/ci.md.
+compare against a baseline of another fingerprint warns or fails (--spark-fingerprint-mismatch); --benchmark-compare-
+fail judges the cases with `spark-bench compare`'s statistics, and refuses a baseline it cannot use (gate.py). See
+docs/ci.md.
 
 Inert unless a --spark-* option is given or a test uses the `spark_bench` fixture; importing it imports only pytest.
 Cases run in the pytest process: a kernel that segfaults ends the session (`spark-bench run` isolates crashes).
@@ -53,8 +55,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("--spark-activations", default=None, metavar="FILE",
         help="Captured activations (.npy [tokens, hidden]) fed to the --spark-weights layer's ops as x.")
     add("--spark-fingerprint-mismatch", choices=MISMATCH_POLICIES, default=None,
-        help="When --benchmark-compare loads a baseline measured on another device fingerprint: warn (default) or "
-             "fail before running anything.")
+        help="When --benchmark-compare loads a baseline measured on another device fingerprint: warn, or fail "
+             "before running anything (the default with --benchmark-compare-fail, else warn).")
+
+
+def mismatch_default(config: pytest.Config) -> str:
+    """A gate (--benchmark-compare-fail) refuses a baseline of another fingerprint unless told to warn, as
+    `spark-bench compare` does; a comparison to look at only warns."""
+    return "fail" if config.getoption("benchmark_compare_fail", default=None) else "warn"
 
 
 class SparkState:
@@ -66,6 +74,9 @@ class SparkState:
         self.ops: list[str] = opt("spark_op")
         self.fixture_used = False
         self.mismatches: list[str] = []
+        self.gate_lines: list[str] = []
+        self.gate_errors: list[str] = []
+        self.skipped: dict[str, str] = {}  # node id -> reason, of the spark-bench cases skipped in this run
         self.explicit = bool(self.ops or opt("spark_device") or opt("spark_fingerprint_mismatch"))
 
     @property
@@ -76,12 +87,13 @@ class SparkState:
     @functools.cached_property
     def device(self) -> str:
         from spark_bench.devices import check_device, default_device
+        from spark_bench.pytest_plugin.gate import usage_error
         from spark_bench.sweep import UsageError
 
         try:
             return check_device(self.config.getoption("spark_device") or default_device())
         except UsageError as exc:
-            raise pytest.UsageError(f"--spark-device: {exc}".replace("use --device", "use --spark-device")) from None
+            raise usage_error(f"--device: {exc}") from None
 
     def registry(self):
         from spark_bench import triton_env
@@ -153,6 +165,19 @@ def pytest_configure(config: pytest.Config) -> None:
     state = config.stash[STATE] = SparkState(config)
     if state.ops and config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args = []  # `pytest --spark-op X` runs the spark-bench cases only, not the tests of the directory
+    from spark_bench.pytest_plugin import gate
+
+    gate.check_options(config)
+    if state.explicit:
+        gate.check_compare_path(config)  # before pytest-benchmark's pytest_configure (trylast) loads the baseline
+    gate.install(config)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if state_of(session.config).explicit:
+        from spark_bench.pytest_plugin.gate import check_baseline_loaded
+
+        check_baseline_loaded(session.config)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -200,31 +225,59 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
         machine_info["spark_bench"] = state.machine_fingerprint()
 
 
-@pytest.hookimpl(optionalhook=True)
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before pytest-benchmark's, which raises on a malformed file
 def pytest_benchmark_compare_machine_info(config: pytest.Config, benchmarksession: Any, machine_info: dict[str, Any],
                                           compared_benchmark: dict[str, Any]) -> None:
-    saved = (compared_benchmark.get("machine_info") or {}).get("spark_bench")
-    if not saved:
-        return  # not a spark-bench baseline
-    from spark_bench.pytest_plugin.replay import fingerprint_difference
+    from spark_bench.pytest_plugin.gate import baseline_problem, fingerprint_problem
 
     state = state_of(config)
-    current = machine_info.get("spark_bench") or state.machine_fingerprint()
-    difference = fingerprint_difference(saved, current)
-    if difference is None:
+    problem = baseline_problem(compared_benchmark)
+    if problem:
+        if state.explicit:
+            raise pytest.UsageError(f"spark-bench: the --benchmark-compare baseline is malformed: {problem}")
         return
-    message = (f"the baseline was measured on another device fingerprint ({saved.get('fingerprint_id')}, this run "
-               f"{current.get('fingerprint_id')}): {difference}; its timings are not comparable with this run's")
-    if config.getoption("spark_fingerprint_mismatch") == "fail":
-        raise pytest.UsageError(f"spark-bench: {message} (--spark-fingerprint-mismatch=fail)")
+    message = fingerprint_problem(compared_benchmark, machine_info.get("spark_bench") or state.machine_fingerprint())
+    if message is None:
+        return
+    policy = config.getoption("spark_fingerprint_mismatch") or mismatch_default(config)
+    if policy == "fail":
+        raise pytest.UsageError(f"spark-bench: {message} (--spark-fingerprint-mismatch=fail, the default of a "
+                                "--benchmark-compare-fail gate; =warn compares anyway)")
     state.mismatches.append(message)
     state.explicit = True  # put our fingerprint in machine_info from now on
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    report = yield
+    if report.skipped and report.nodeid.startswith("spark-bench::"):  # cases.NODE_ID (not imported: stay cheap)
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        state_of(item.config).skipped[report.nodeid] = reason.removeprefix("Skipped: ")
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """After pytest-benchmark compared (its sessionfinish wrapper): a spark-bench case that regressed, or a gate
+    that compared nothing, fails the session (exit 1, no traceback)."""
+    from spark_bench.pytest_plugin.gate import summary
+
+    state = state_of(session.config)
+    state.gate_lines, state.gate_errors = summary(session.config, state.skipped)
+    if state.gate_errors and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-benchmark's summary, which raises on a regression
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     state = state_of(terminalreporter.config)
+    write = terminalreporter.write_line
     for message in state.mismatches:
         terminalreporter.section("spark-bench: fingerprint mismatch", sep="!", red=True, bold=True)
-        terminalreporter.write_line(f"WARNING: {message}", red=True, bold=True)
-        terminalreporter.write_line("Pass --spark-fingerprint-mismatch=fail to make this an error.", red=True)
+        write(f"WARNING: {message}", red=True, bold=True)
+        write("Pass --spark-fingerprint-mismatch=fail to make this an error.", red=True)
+    if state.gate_lines or state.gate_errors:
+        terminalreporter.section("spark-bench: regression gate", sep="-", red=bool(state.gate_errors))
+    for line in state.gate_lines:
+        write(line)
+    for line in state.gate_errors:
+        write(line, red=True, bold=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from spark_bench.pytest_plugin.replay import ReplayTimer, feed, not_timed
+from spark_bench.pytest_plugin.replay import ReplayTimer, feed, not_timed, timing_info
 
 ABBREV = {"batch": "B", "seq_len": "L", "heads": "H", "head_dim": "Dh", "head_dim_k": "Dk", "head_dim_v": "Dv",
           "tokens": "T", "hidden": "D", "experts": "E", "topk": "K", "inter": "I", "groups": "G", "rows": "R",
@@ -55,31 +55,38 @@ def group_name(case: Any) -> str:
 
 
 def sweep_cases(state: Any) -> list[Any]:
-    from spark_bench.sweep import SweepSpec, UsageError, build_cases, parse_set
+    """The cases `spark-bench run` would run with the same options (its own spec builder and checks)."""
+    from spark_bench.options import sweep_spec
+    from spark_bench.pytest_plugin.gate import usage_error
+    from spark_bench.sweep import UsageError, build_cases
     from spark_bench.weights import make_spec
 
     opt = state.config.getoption
     try:
-        overrides: dict[str, list[str]] = {}
-        for text in opt("spark_set"):
-            axis, values = parse_set(text)
-            overrides.setdefault(axis, []).extend(values)
-        spec = SweepSpec(ops=list(state.ops), backends=_split(opt("spark_backend")), preset=opt("spark_preset"),
-                         overrides=overrides, dtypes=_split(opt("spark_dtype")), device=state.device,
-                         quick=opt("spark_quick") or (state.device == "cpu" and not opt("spark_full")),
-                         seed=opt("spark_seed"),
-                         weights=make_spec(opt("spark_weights"), opt("spark_layer"), opt("spark_routing"),
-                                           opt("spark_activations")))
+        spec = sweep_spec(ops=state.ops, backends=_split("--spark-backend", opt("spark_backend")),
+                          preset=opt("spark_preset"), sets=opt("spark_set"), dtypes=opt("spark_dtype"),
+                          device=state.device, quick=opt("spark_quick"), full=opt("spark_full"), seed=opt("spark_seed"),
+                          weights=make_spec(opt("spark_weights"), opt("spark_layer"), opt("spark_routing"),
+                                            opt("spark_activations")))
         cases = build_cases(state.registry(), spec)
     except UsageError as exc:
-        raise pytest.UsageError(f"spark-bench: {exc}") from None
+        raise usage_error(exc) from None
     if not cases:
         raise pytest.UsageError("spark-bench: the selection has no cases (no backend or parameter point matches)")
     return cases
 
 
-def _split(values: list[str]) -> list[str]:
-    return [v.strip() for text in values for v in text.split(",") if v.strip()]
+def _split(option: str, values: list[str]) -> list[str]:
+    """Repeatable, comma-separated values; one that names nothing (`--spark-backend ,`) is an error, not 'all'."""
+    from spark_bench.sweep import UsageError
+
+    names = []
+    for text in values:
+        parts = [v.strip() for v in text.split(",") if v.strip()]
+        if not parts:
+            raise UsageError(f"{option} {text!r} names nothing")
+        names.extend(parts)
+    return names
 
 
 class SparkCases(pytest.Collector):
@@ -165,9 +172,7 @@ def case_info(record: dict[str, Any], state: Any) -> dict[str, Any]:
         "cost": record.get("cost"), "gbps": record.get("gbps"), "tflops": record.get("tflops"),
     }
     if timing:
-        info.update({k: timing.get(k) for k in ("timer", "converged", "stop_reason", "rel_ci", "l2_flush",
-                                                "calls_per_sample", "setup_s")})
-        info["median_us"], info["samples"] = timing.get("median"), timing.get("n")
+        info.update(timing_info(timing))
         info["roofline"] = record.get("roofline") or roofline_pct(state, record)
     if power.get("energy_j_per_call") is not None:
         info["energy_j_per_call"] = power["energy_j_per_call"]

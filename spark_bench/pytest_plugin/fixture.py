@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from spark_bench.pytest_plugin.replay import feed, not_timed
+from spark_bench.pytest_plugin.replay import feed, not_timed, timing_info
 
 
 def _clone(value: Any) -> Any:
@@ -58,9 +58,7 @@ class SparkBench:
         cfg = timing or self.state.timing_config(device, minimal=not self.benchmark.enabled)
         record = measure([functools.partial(fn, *args, **kwargs)], device, cfg)
         seconds = record["median"] * 1e-6
-        info.update(timer=record["timer"], median_us=record["median"], rel_ci=record["rel_ci"],
-                    converged=record["converged"], stop_reason=record["stop_reason"], samples=record["n"],
-                    l2_flush=record["l2_flush"], flops=flops, nbytes=nbytes,
+        info.update(timing_info(record), flops=flops, nbytes=nbytes,
                     gbps=nbytes / seconds / 1e9 if nbytes and seconds > 0 else None,
                     tflops=flops / seconds / 1e12 if flops and seconds > 0 else None)
         if info["gbps"] is not None:

@@ -84,19 +84,35 @@ def not_timed(benchmark: Any) -> None:
         benchmark._mode = "spark-bench: failed before timing"
 
 
+TIMING_FIELDS = ("timer", "converged", "stop_reason", "rel_ci", "ci_low", "ci_high", "l2_flush", "calls_per_sample",
+                 "setup_s")
+
+
+def timing_info(timing: dict[str, Any]) -> dict[str, Any]:
+    """The extra_info fields of a spark-bench timing record (us): how it was timed, its median and CI, its count."""
+    info = {k: timing.get(k) for k in TIMING_FIELDS}
+    info["median_us"], info["samples"] = timing.get("median"), timing.get("n")
+    return info
+
+
 def fingerprint_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
     """None when both fingerprints identify the same device and stack (and the same weights, with
-    --spark-weights), else what differs."""
+    --spark-weights), else what differs (sections that are not objects read as empty)."""
     wa, wb = _weights_id(saved), _weights_id(current)
     weights = None if wa == wb else f"weights {wa or 'random'} -> {wb or 'random'}"
     if saved.get("fingerprint_id") == current.get("fingerprint_id"):
         return weights
     diffs = []
     for section, key in IDENTITY_FIELDS:
-        a, b = (saved.get(section) or {}).get(key), (current.get(section) or {}).get(key)
+        a, b = _section(saved, section).get(key), _section(current, section).get(key)
         if a != b:
             diffs.append(f"{key} {a!r} -> {b!r}")
     return ", ".join(diffs + ([weights] if weights else [])) or "fingerprint_id differs"
+
+
+def _section(fp: dict[str, Any], name: str) -> dict[str, Any]:
+    value = fp.get(name)
+    return value if isinstance(value, dict) else {}
 
 
 def _weights_id(fp: dict[str, Any]) -> str | None:
@@ -104,7 +120,9 @@ def _weights_id(fp: dict[str, Any]) -> str | None:
     w = fp.get("weights")
     if not w:
         return None
-    routing = (w.get("routing") or {}).get("sha256")
-    acts = (w.get("activations") or {}).get("sha256")
+    if not isinstance(w, dict):
+        return f"malformed ({w!r})"
+    routing = _section(w, "routing").get("sha256")
+    acts = _section(w, "activations").get("sha256")
     return (f"{w.get('path')} layer {w.get('layer')} sha256 {str(w.get('sha256'))[:12]}"
             + (f" routing {str(routing)[:12]}" if routing else "") + (f" activations {str(acts)[:12]}" if acts else ""))
