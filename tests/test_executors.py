@@ -246,3 +246,36 @@ def test_the_first_line_estimate_says_what_it_guessed():
     assert estimate_note({"a": 2.0, "b": 0.0}, Counter(reference=1, skipped=1)) == \
         " (estimate ~2.0s of case time; --dry-run has the breakdown)"
     assert estimate_note({"b": 0.0}, Counter(skipped=1)) == ""
+
+
+def test_a_workers_pipe_closed_by_two_threads_at_once_is_closed_once():
+    """SIGTERM ends the sweep on the main thread while a slot's thread cleans up its worker: both close the pipe. A
+    Connection's close is not atomic, so the second os.close got EBADF (a traceback instead of exit 143)."""
+    import multiprocessing as mp
+
+    from spark_bench.executors.local import Worker
+
+    worker = Worker.__new__(Worker)  # the pipe and its lock only: no process
+    worker.conn, _other = mp.Pipe()
+    worker._close_lock = threading.Lock()
+    real_close, closes, errors = worker.conn._close, [], []
+
+    def slow_close():  # hold the window between "handle is open" and "handle = None" open
+        closes.append(worker.conn.fileno())
+        time.sleep(0.2)
+        real_close()
+
+    worker.conn._close = slow_close
+
+    def close():
+        try:
+            worker._close()
+        except OSError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=close) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(closes) == 1 and worker.conn.closed

@@ -69,9 +69,8 @@ class Worker:
 
         self.process = ctx.Process(target=worker.main, args=(child, device, str(self.log_path)), daemon=True)
         with _SPAWN_LOCK:
-            # spawned with SIGINT blocked, then ignored (worker.main): Ctrl-C is the parent's, which stops the workers
-            # itself; a worker must not die of it, with a traceback on the terminal, while it imports torch. The
-            # resource tracker first: starting it unblocks SIGINT in this thread
+            # spawned with SIGINT blocked, then ignored (worker.main): Ctrl-C is the parent's, which stops the workers;
+            # no worker traceback while it imports torch. The resource tracker first: starting it unblocks SIGINT
             resource_tracker.ensure_running()
             saved = {k: os.environ.get(k) for k in env or {}}
             os.environ.update(env or {})
@@ -87,6 +86,13 @@ class Worker:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C held meanwhile is raised here
         child.close()
         self.pid: int | None = None
+        self._close_lock = threading.Lock()
+
+    def _close(self) -> None:
+        """Close the pipe once: the sweep's end (SIGTERM, on the main thread) and a slot's own clean-up may race."""
+        with self._close_lock:
+            if not self.conn.closed:
+                self.conn.close()
 
     def wait_ready(self) -> None:
         msg = self.receive(STARTUP_TIMEOUT_S)
@@ -161,7 +167,7 @@ class Worker:
             self.process.kill()
         self.process.join(timeout=10)
         self._kill_group()
-        self.conn.close()
+        self._close()
 
     def stop(self) -> None:
         try:
@@ -169,11 +175,7 @@ class Worker:
         except (OSError, ValueError):
             pass
         self.process.join(timeout=10)
-        if self.process.is_alive():
-            self.kill()
-        else:
-            self._kill_group()  # what its backends started must not outlive the sweep
-            self.conn.close()
+        self.kill()  # if it is still alive; and what its backends started must not outlive the sweep
 
 
 PhaseFn = Callable[[Case, str], None]
