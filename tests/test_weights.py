@@ -278,3 +278,14 @@ def test_captured_activations_are_fed_as_x(files, tmp_path):
         run_cases(make_spec(files["kimi"], 0, None, tmp_path / "wide.npy"), ["moe.router"], ["torch"])
     with pytest.raises(WeightError, match="--activations needs --weights"):
         make_spec(None, None, None, tmp_path / "x.npy")
+
+
+def test_the_layer_hash_covers_the_router_settings_the_file_states(tmp_path):
+    """Same tensors, another routed scaling factor in config.json: the ops route differently, so the fingerprint
+    (and with it `compare` and `run --resume`) must tell the two apart."""
+    from spark_bench.weights import describe
+
+    a = describe(make_spec(kimi_checkpoint(tmp_path / "a"), 0, None))
+    b = describe(make_spec(kimi_checkpoint(tmp_path / "b", config_patch={"routed_scaling_factor": 1.5}), 0, None))
+    assert a["layer_bytes"] == b["layer_bytes"] and a["router"] != b["router"]
+    assert b["router"]["routed_scaling_factor"] == 1.5 and a["sha256"] != b["sha256"]

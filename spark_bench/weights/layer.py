@@ -109,6 +109,7 @@ class LayerSource:
         if self.moe is not None:
             config.check_router(router, self.moe.dims["E"], self.where)
         self.router_mismatch = router.mismatch  # the file's router is not the ops' (routing=model refuses it)
+        self.router_stated = router.values  # what the ops read from the file besides tensors (in the hash)
         self._loaded: dict[Any, Any] = {}
 
     def _holds(self, prefix: str, what: str = "the layer") -> str:
@@ -156,6 +157,7 @@ class LayerSource:
         if self.reader is not None:
             names = layer_tensor_names(self.kda, self.moe)
             h = hashlib.sha256()
+            h.update(json.dumps([self.router_stated, self.router_mismatch], sort_keys=True).encode())
             layer_bytes = 0
             for name in names:
                 info = self.reader.info(name)
@@ -168,6 +170,7 @@ class LayerSource:
                 "path": self.spec["path"], "format": self.reader.format, "family": self.family.name,
                 "layer": self.layer, "files": files, "size_bytes": sum(f["size_bytes"] for f in files),
                 "tensors": len(names), "layer_bytes": layer_bytes, "sha256": h.hexdigest(),
+                "router": self.router_stated,
                 "kda": self.kda.shapes() if self.kda else None, "moe": self.moe.shapes() if self.moe else None,
             })
         if self.routing is not None:
