@@ -107,16 +107,21 @@ def merge_sets(sets: Sequence[str]) -> dict[str, list[str]]:
     return overrides
 
 
-def dtype_list(texts: Sequence[str]) -> list[str]:
-    """Repeatable, comma-separated --dtype values -> the names, each once. A value naming none (`--dtype ,`) is a
-    UsageError, not 'every dtype'."""
+def split_list(option: str, texts: Sequence[str], choices: str = "") -> list[str]:
+    """Repeatable, comma-separated option values -> the names, each once. A value naming none (`--dtype ,`) is a
+    UsageError (ending in `choices`, e.g. '; choose from bf16, fp32'), not 'all'."""
     names = []
     for text in texts:
         parts = [d.strip() for d in text.split(",") if d.strip()]
         if not parts:
-            raise UsageError(f"--dtype {text!r} names no dtype; choose from {', '.join(DTYPES)}")
+            raise UsageError(f"{option} {text!r} names nothing{choices}")
         names.extend(parts)
     return list(dict.fromkeys(names))
+
+
+def dtype_list(texts: Sequence[str]) -> list[str]:
+    """--dtype values (repeatable, comma-separated) -> the dtype names, each once."""
+    return split_list("--dtype", texts, f"; choose from {', '.join(DTYPES)}")
 
 
 def unknown_axis(axis_name: str, known: Sequence[str] | set[str], whose: str = "selected ops", hint: str = "") -> str:

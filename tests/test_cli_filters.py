@@ -87,7 +87,7 @@ def test_two_globs_on_one_op_axis_are_a_usage_error():
     (["history", "list", "--runs", "--limit", "0"], "--limit"),
     (["history", "list", "--runs", "--limit", "-1"], "--limit"),
     (["history", "check", "--since", "2000-01-01", "--repo", "/nonexistent"], "does not exist"),
-    (["run", "--op", "kda.gate", "--dtype", ",", "--dry-run"], "--dtype ',' names no dtype; choose from bf16"),
+    (["run", "--op", "kda.gate", "--dtype", ",", "--dry-run"], "--dtype ',' names nothing; choose from bf16"),
 ])
 def test_ignored_options_are_usage_errors(args, needle):
     assert needle in one_line_error(*args)

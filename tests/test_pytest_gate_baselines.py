@@ -29,7 +29,7 @@ def _one_line_usage_error(result, text):
     (["--spark-target-ci", "2"], "--spark-target-ci is a fraction of the median below 1"),
     (["--spark-full"], "--spark-quick and --spark-full contradict each other"),
     (["--spark-backend", ","], "--spark-backend ',' names nothing"),
-    (["--spark-dtype", ","], "--spark-dtype ',' names no dtype"),
+    (["--spark-dtype", ","], "--spark-dtype ',' names nothing"),
     (["--spark-layer", "3"], "--spark-layer needs --spark-weights"),  # spark-bench's message, our option names
 ])
 def test_bad_options_are_one_line_usage_errors(pytester, fresh_registry, args, text):

@@ -78,15 +78,9 @@ def sweep_cases(state: Any) -> list[Any]:
 
 def _split(option: str, values: list[str]) -> list[str]:
     """Repeatable, comma-separated values; one that names nothing (`--spark-backend ,`) is an error, not 'all'."""
-    from spark_bench.sweep import UsageError
+    from spark_bench.sweep import split_list
 
-    names = []
-    for text in values:
-        parts = [v.strip() for v in text.split(",") if v.strip()]
-        if not parts:
-            raise UsageError(f"{option} {text!r} names nothing")
-        names.extend(parts)
-    return names
+    return split_list(option, values)
 
 
 class SparkCases(pytest.Collector):
