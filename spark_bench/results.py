@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import errno
 import json
+import math
 import os
 import secrets
 import socket
@@ -137,6 +138,11 @@ def _read_text(path: Path) -> str:
         raise ResultsError(f"{path}: not UTF-8 text (undecodable byte at offset {exc.start})") from None
     except OSError as exc:
         raise ResultsError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def is_number(x: Any) -> bool:
+    """A finite int or float (not a bool): what a stored statistic must be to be computed with."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

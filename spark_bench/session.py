@@ -163,19 +163,21 @@ def stored_sweep(store: results.RunStore, run: dict[str, Any]) -> tuple[SweepSpe
                                    "this run cannot be resumed") from None
 
 
-def weights_drift(stored: dict[str, Any] | None, spec: dict[str, Any] | None) -> str | None:
-    """Which of a run's weight files (the layer, the routing trace, the activations) hashes differently now than
-    in its run.json, or None: a resumed run must time the weights its first cases timed."""
-    if not stored or not spec:
-        return None
+def check_weights_unchanged(path: Path, run: dict[str, Any], spec: SweepSpec) -> None:
+    """A resumed run or tune must time the weights its first cases timed: ResultsError (one line) when a weight file
+    (the layer, the routing trace, the activations) hashes differently now than in its run.json."""
+    stored = (run.get("fingerprint") or {}).get("weights")
+    if not stored or not spec.weights:
+        return
     from spark_bench.weights import describe
 
-    now = describe(spec)
+    now = describe(spec.weights)
     for part in ("layer", "routing", "activations"):
         before, after = (stored, now) if part == "layer" else (stored.get(part) or {}, now.get(part) or {})
         if before.get("sha256") != after.get("sha256"):
-            return f"the {part} file {before.get('path') or after.get('path')}"
-    return None
+            raise results.ResultsError(f"{path}: the {part} file {before.get('path') or after.get('path')} changed "
+                                       "since this run started; its results would mix two weight sets: start a new "
+                                       "run")
 
 
 @dataclasses.dataclass
@@ -256,10 +258,7 @@ class Session:
             raise results.ResultsError(f"{path} is a tune directory; resume it with `spark-bench tune --resume "
                                        f"{path}`")
         spec, cfg, timeout_s = stored_sweep(store, run)
-        drift = weights_drift((run.get("fingerprint") or {}).get("weights"), spec.weights)
-        if drift:
-            raise results.ResultsError(f"{path}: {drift} changed since this run started; its results would mix two "
-                                       "weight sets: start a new run")
+        check_weights_unchanged(path, run, spec)
         store.repair_tail()
         return cls(store, spec, cfg, timeout_s, cls._cases(spec))
 

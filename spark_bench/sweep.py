@@ -138,18 +138,19 @@ def select_by_sets(items: list[T], sets: Sequence[str], key: Callable[[T], tuple
     by `Axis.parse` of its op's axis, declared by the values the op's items hold, so it compares by value (fused=true
     is True, tokens=064 is 64). An unknown axis, or a value no op's axis takes, is a UsageError; nothing left, a
     ResultsError naming what `where` has (one line each)."""
+    keyed = [(item, *key(item)) for item in items]  # (item, op, params)
     for axis, texts in merge_sets(sets).items():
-        if not items:
+        if not keyed:
             break
         held: dict[str, list[Any]] = {}  # op -> the values its items hold on the axis (scalars: what an axis takes)
-        for op, params in map(key, items):
+        for _, op, params in keyed:
             value = params.get(axis)
             if isinstance(value, (str, int, float)) and value not in held.setdefault(op, []):
                 held[op].append(value)
         if not held:
             glob, plain = split_key(axis)
             hint = f" (to select an op's cases: --op {glob} --set {plain}=...)" if glob is not None else ""
-            raise UsageError(unknown_axis(axis, {a for _, params in map(key, items) for a in params},
+            raise UsageError(unknown_axis(axis, {a for _, _, params in keyed for a in params},
                                           "selected cases", hint))
         wanted: dict[str, list[Any]] = {op: [] for op in held}
         for text in texts:
@@ -161,14 +162,14 @@ def select_by_sets(items: list[T], sets: Sequence[str], key: Callable[[T], tuple
                     errors.append(f"{op}: {exc}")
             if len(errors) == len(held):  # no op's axis takes it: a typo, not a filter that matches nothing
                 raise UsageError(errors[0])
-        kept = [item for item in items for op, params in [key(item)] if params.get(axis) in wanted.get(op, ())]
+        kept = [k for k in keyed if k[2].get(axis) in wanted.get(k[1], ())]
         if not kept:
             have = sorted({v for values in held.values() for v in values},
                           key=lambda v: (isinstance(v, str), str(v) if isinstance(v, str) else v))
             raise ResultsError(f"no case has {axis} in {{{', '.join(texts)}}}; {where} has {axis} = "
                                f"{', '.join(map(str, have))}")
-        items = kept
-    return items
+        keyed = kept
+    return [item for item, _, _ in keyed]
 
 
 def _select_ops(reg: Registry, spec: SweepSpec) -> list[Op]:

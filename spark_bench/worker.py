@@ -205,9 +205,9 @@ class CaseRunner:
         self.phase(case.case_id, "energy")
         power = measure_energy(invocation, case.device, calls_per_invocation=k, flops=cost.flops, tokens=cost.tokens,
                                retries=2)
-        # not the latency's regime (one flushed call at a time, maybe a CUDA graph): say so with the number
-        power["regime"] = (f"{k} eager calls per sync, back to back over {len(calls)} rotating input set(s), no L2 "
-                           "flush (warm L2)")
+        if power["avg_w"] is not None:  # not the latency's regime (one flushed call, maybe a graph): say so
+            power["regime"] = (f"{k} eager calls per sync, back to back over {len(calls)} rotating input set(s), "
+                               "no L2 flush (warm L2)")
         return power
 
 

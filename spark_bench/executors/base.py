@@ -157,8 +157,7 @@ def parse_devices(text: str | None, device: str) -> list[Slot]:
     visible = _visible_gpus()
     if items == ["all"]:
         items = [str(i) for i in range(len(visible))]
-    twice = sorted({label for label in (i.partition("@")[0] for i in items) if
-                    [j.partition("@")[0] for j in items].count(label) > 1})
+    twice = sorted(label for label, n in collections.Counter(i.partition("@")[0] for i in items).items() if n > 1)
     if twice:  # the scheduler never times two cases on one GPU, so a second worker there only costs a context
         raise UsageError(f"--devices names GPU {', '.join(twice)} more than once; give each GPU once")
     slots = []

@@ -191,7 +191,7 @@ def capture(ops: list[str], backends: list[str], preset: str | None, overrides: 
             if not chosen:
                 continue
             points = op.points(_typed_overrides(op, spec.overrides), quick=quick, preset=preset)
-            dts = [d for d in spec.dtypes if d in op.tolerance] if spec.dtypes else \
+            dts = [d for d in spec.dtypes if d in op.dtypes] if spec.dtypes else \
                 op.sweep_dtypes(quick=quick, preset=preset)
             for dtype in dts:
                 for params in points:

@@ -16,7 +16,7 @@ from spark_bench.kernelgate import gate
 from spark_bench.kernelgate.capture import DEFAULT_BACKENDS
 from spark_bench.kernelgate.offline import compile_all, default_cache_dir
 from spark_bench.kernelgate.targets import REQUIRED, TARGETS, parse_targets
-from spark_bench.sweep import UsageError, merge_sets
+from spark_bench.sweep import UsageError, dtype_list, merge_sets
 
 VERDICT_STYLE = {"ok": "green", "spills": "bold yellow", "launch-resources": "bold red", "compile-error": "bold red"}
 
@@ -112,9 +112,10 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
         raise UsageError(f"unknown preset {preset!r}; the selected ops have: {', '.join(have) or '(none)'}")
     from spark_bench.sweep import SweepSpec, validate
 
+    dtypes = dtype_list(dtypes)  # repeatable or comma-separated, as in `run`
     for p in presets:  # unknown axes, values and dtypes: one line here, not a traceback from the capture process
         validate(reg, SweepSpec(ops=list(ops), backends=list(backends), preset=p, overrides=dict(overrides),
-                                dtypes=list(dtypes)))
+                                dtypes=dtypes))
     err = click.get_text_stream("stderr")
     started = time.monotonic()
     tty = err.isatty()
@@ -130,7 +131,7 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
         err.write(f"{target.name}: capturing launches: {len(matched)} ops, {len(presets)} sweeps ...\n")
         try:
             captured = gate.capture_sweeps(list(ops), list(backends) or list(DEFAULT_BACKENDS), presets, overrides,
-                                           list(dtypes), quick, target.name)
+                                           dtypes, quick, target.name)
         except RuntimeError as exc:
             raise UsageError(str(exc)) from None
         mine = gate.select(captured.specs, selection)

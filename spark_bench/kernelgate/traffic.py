@@ -202,13 +202,13 @@ def traffic_cmd(ops, backends, sets, dtypes, seed, as_json) -> None:
     kept everything), `issued` = every access."""
     from spark_bench import triton_env
     from spark_bench.session import Session
-    from spark_bench.sweep import SweepSpec, merge_sets
+    from spark_bench.sweep import SweepSpec, dtype_list, merge_sets
 
     triton_env.configure("cpu")
     if not triton_env.interpreting():
         raise UsageError("traffic counts in Triton's interpreter: unset TRITON_INTERPRET=0")
     spec = SweepSpec(ops=list(ops), backends=list(backends), overrides=merge_sets(sets),
-                     dtypes=list(dtypes), quick=True, device="cpu", seed=seed)
+                     dtypes=dtype_list(dtypes), quick=True, device="cpu", seed=seed)
     from spark_bench.registry import registry
 
     reg = registry()

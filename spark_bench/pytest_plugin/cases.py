@@ -58,12 +58,12 @@ def sweep_cases(state: Any) -> list[Any]:
     """The cases `spark-bench run` would run with the same options (its own spec builder and checks)."""
     from spark_bench.options import sweep_spec
     from spark_bench.pytest_plugin.gate import usage_error
-    from spark_bench.sweep import UsageError, build_cases
+    from spark_bench.sweep import UsageError, build_cases, split_list
     from spark_bench.weights import make_spec
 
     opt = state.config.getoption
     try:
-        spec = sweep_spec(ops=state.ops, backends=_split("--spark-backend", opt("spark_backend")),
+        spec = sweep_spec(ops=state.ops, backends=split_list("--backend", opt("spark_backend")),
                           preset=opt("spark_preset"), sets=opt("spark_set"), dtypes=opt("spark_dtype"),
                           device=state.device, quick=opt("spark_quick"), full=opt("spark_full"), seed=opt("spark_seed"),
                           weights=make_spec(opt("spark_weights"), opt("spark_layer"), opt("spark_routing"),
@@ -74,13 +74,6 @@ def sweep_cases(state: Any) -> list[Any]:
     if not cases:
         raise pytest.UsageError("spark-bench: the selection has no cases (no backend or parameter point matches)")
     return cases
-
-
-def _split(option: str, values: list[str]) -> list[str]:
-    """Repeatable, comma-separated values; one that names nothing (`--spark-backend ,`) is an error, not 'all'."""
-    from spark_bench.sweep import split_list
-
-    return split_list(option, values)
 
 
 class SparkCases(pytest.Collector):

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 
 from spark_bench.pytest_plugin.replay import ReplayTimer
+from spark_bench.results import is_number
 
 VERDICT_FIELDS = ("median", "mean", "min")  # the fields both pytest-benchmark's compare-fail and compare.METRICS know
 STATS_FIELDS = ("min", "max", "mean", "median", "stddev", "iqr")  # what --benchmark-compare-fail may read
@@ -94,7 +94,7 @@ def baseline_problem(data: Any) -> str | None:
         stats = bench.get("stats")
         if not isinstance(stats, dict):
             return f"{name}: no 'stats' object"
-        bad = [k for k in STATS_FIELDS if not _number(stats.get(k))]
+        bad = [k for k in STATS_FIELDS if not is_number(stats.get(k))]
         if bad:
             return f"{name}: {', '.join(bad)} not a number"
     return None
@@ -119,10 +119,6 @@ def fingerprint_problem(baseline: dict[str, Any], current: dict[str, Any]) -> st
         return None
     return (f"the baseline was measured on another device fingerprint ({saved.get('fingerprint_id')}, this run "
             f"{current.get('fingerprint_id')}): {difference}; its timings are not comparable with this run's")
-
-
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def is_spark(bench: Any) -> bool:
@@ -153,7 +149,7 @@ class SparkCheck:
         from spark_bench.report.compare import Verdict, case_verdict, pct
 
         base = self._baseline(current.fullname, compared.get("path"))
-        if not _number((base.get("stats") or {}).get(self.field)):
+        if not is_number((base.get("stats") or {}).get(self.field)):
             return Verdict("broken"), f"the baseline has no number for {self.field!r}: nothing to compare"
         stats = current.stats
         old = _timing(base.get("stats") or {}, base.get("extra_info") or {})
@@ -176,8 +172,8 @@ class SparkCheck:
 
 def _timing(stats: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """A `timing` record (us) from pytest-benchmark stats (seconds) and a spark-bench extra_info."""
-    t = {k: stats[k] * 1e6 for k in VERDICT_FIELDS if _number(stats.get(k))}
-    t["samples"] = [s * 1e6 for s in stats.get("data") or [] if _number(s)]
+    t = {k: stats[k] * 1e6 for k in VERDICT_FIELDS if is_number(stats.get(k))}
+    t["samples"] = [s * 1e6 for s in stats.get("data") or [] if is_number(s)]
     t.update({k: extra.get(k) for k in ("ci_low", "ci_high", "timer", "l2_flush")})
     return t
 

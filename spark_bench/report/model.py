@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from spark_bench.results import ResultsError, load_run
+from spark_bench.results import ResultsError, is_number, load_run
 from spark_bench.telemetry.roofline import flops_peak
 
 __all__ = ["ResultsError", "RunData", "load_runs"]
@@ -135,15 +135,11 @@ def timed_on(runs: Sequence[RunData], results: Iterable[dict[str, Any]]) -> str:
 
 def timing(r: dict[str, Any]) -> dict[str, Any] | None:
     t = r.get("timing")
-    return t if r.get("status") == "ok" and isinstance(t, dict) and _num(t.get("median")) else None
-
-
-def _num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return t if r.get("status") == "ok" and isinstance(t, dict) and is_number(t.get("median")) else None
 
 
 def number(x: Any) -> float | None:
-    return float(x) if _num(x) else None
+    return float(x) if is_number(x) else None
 
 
 def by_op(results: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -159,9 +155,9 @@ def swept_axis(results: Sequence[dict[str, Any]]) -> str | None:
     values: dict[str, set] = defaultdict(set)
     for r in results:
         for k, v in (r.get("params") or {}).items():
-            if _num(v):
+            if is_number(v):
                 values[k].add(v)
-    everywhere = [k for k in values if all(_num((r.get("params") or {}).get(k)) for r in results)]
+    everywhere = [k for k in values if all(is_number((r.get("params") or {}).get(k)) for r in results)]
     multi = [k for k in everywhere if len(values[k]) > 1]
     if not multi:
         return None
@@ -183,7 +179,7 @@ def combo_key(r: dict[str, Any], swept: str | None) -> str:
 
 def log_scale(values: Iterable[float]) -> bool:
     """Log axis when positive values span two decades or more."""
-    v = [x for x in values if _num(x) and x > 0]
+    v = [x for x in values if is_number(x) and x > 0]
     return bool(v) and max(v) / min(v) >= 100.0
 
 
@@ -202,23 +198,24 @@ def peaks(run: dict[str, Any], dtype: str | None = None, own: bool = False) -> d
             continue
         p: dict[str, float] = {}
         for k in ("gbps", "bw_gbps", "bandwidth_gbps"):
-            if _num(d.get(k)):
+            if is_number(d.get(k)):
                 p["gbps"] = float(d[k])
                 break
         else:
-            if _num(d.get("bytes_per_s")):
+            if is_number(d.get("bytes_per_s")):
                 p["gbps"] = float(d["bytes_per_s"]) / 1e9
         for k in (f"tflops_{dtype}", "tflops"):
             v = d.get(k)
             if isinstance(v, dict) and own:
                 v = v.get(dtype)
             elif isinstance(v, dict):
-                v = flops_peak(v, str(dtype)) if dtype in v else max((x for x in v.values() if _num(x)), default=None)
-            if _num(v):
+                v = (flops_peak(v, str(dtype)) if dtype in v
+                     else max((x for x in v.values() if is_number(x)), default=None))
+            if is_number(v):
                 p["tflops"] = float(v)
                 break
         else:
-            if _num(d.get("flops_per_s")):
+            if is_number(d.get("flops_per_s")):
                 p["tflops"] = float(d["flops_per_s"]) / 1e12
         if p:
             out[str(source)] = p
@@ -326,8 +323,8 @@ def failure_text(r: dict[str, Any]) -> str:
     check = r.get("check") or {}
     if r.get("status") == "mismatch" or check.get("ok") is False:
         tol = check.get("tolerance") or {}
-        nums = [f"{k}={check[k]:.3g}" for k in ("err_ratio", "max_abs", "cosine") if _num(check.get(k))]
-        tols = [f"{k}<={v:.3g}" for k, v in tol.items() if _num(v)]
+        nums = [f"{k}={check[k]:.3g}" for k in ("err_ratio", "max_abs", "cosine") if is_number(check.get(k))]
+        tols = [f"{k}<={v:.3g}" for k, v in tol.items() if is_number(v)]
         if nums:
             parts.append(" ".join(nums) + (f" (tolerance {' '.join(tols)})" if tols else ""))
         if check.get("message"):

@@ -87,9 +87,10 @@ class TuneSession:
                                        "--resume`)")
         store.lock()
         run = store.read_run()
-        from spark_bench.session import stored_sweep
+        from spark_bench.session import check_weights_unchanged, stored_sweep
 
         spec, cfg, timeout_s = stored_sweep(store, run)
+        check_weights_unchanged(path, run, spec)
         tune = run["tune"]
         if out is not None:
             tune["out"] = str(out)

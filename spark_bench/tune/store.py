@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from spark_bench.results import is_number
 from spark_bench.sweep import UsageError
 from spark_bench.tune.space import key_distance, key_id
 
@@ -155,10 +156,6 @@ def describe_device(ident: Mapping[str, Any]) -> str:
     return f"{name} (sm {ident['capability']})" if ident.get("capability") else str(name)
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _config_problem(config: Any) -> str | None:
     if not isinstance(config, dict) or not config:
         return "must be a non-empty object of parameter -> integer"
@@ -175,7 +172,7 @@ def _timed_problem(obj: Any, where: str = "") -> str | None:
     problem = _config_problem(obj.get("config"))
     if problem:
         return f"\"{where}config\" {problem}"
-    return None if _is_number(obj.get("time_us")) else f"\"{where}time_us\" must be a finite number"
+    return None if is_number(obj.get("time_us")) else f"\"{where}time_us\" must be a finite number"
 
 
 def _entry_problem(entry: Any) -> str | None:
@@ -187,11 +184,11 @@ def _entry_problem(entry: Any) -> str | None:
         return problem
     if entry.get("runner_up") is not None and (problem := _timed_problem(entry["runner_up"], "runner_up.")):
         return problem
-    if not _is_number(entry.get("speedup")):
+    if not is_number(entry.get("speedup")):
         return "\"speedup\" must be a finite number"
     close = entry.get("within_noise")
-    if close is not None and not (isinstance(close, dict) and _is_number(close.get("speedup"))
-                                  and _is_number(close.get("noise"))):
+    if close is not None and not (isinstance(close, dict) and is_number(close.get("speedup"))
+                                  and is_number(close.get("noise"))):
         return "\"within_noise\" must be null or an object with a numeric \"speedup\" and \"noise\""
     labels = entry.get("labels")
     if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):

@@ -37,7 +37,7 @@ def bind(ops: list, spec: Any, typed_overrides, notes: list[str] | None = None
     if src.has_layer and spec.preset is not None:
         raise WeightError(f"--preset {spec.preset} and --weights both set the shapes; drop --preset")
     explicit = {p for p in spec.ops if not (set(p) & GLOB_CHARS)}
-    kept, fixed, dropped, replaying = [], {}, [], []
+    kept, fixed, dropped, replaying = [], {}, [], False
     for op in ops:
         axes: dict[str, list[Any]] = {}
         if src.has_layer:
@@ -63,7 +63,7 @@ def bind(ops: list, spec: Any, typed_overrides, notes: list[str] | None = None
             _leave_out(op, why, explicit, dropped)
             continue
         kept.append(op)
-        replaying += [op] if replays else []
+        replaying = replaying or bool(replays)
         if axes:
             fixed[op.name] = axes
     if not kept:
