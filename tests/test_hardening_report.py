@@ -14,7 +14,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import report_fixtures as fx  # noqa: E402
 
 from spark_bench.report import load_runs, write_report  # noqa: E402
-from spark_bench.report.charts import OpCharts, palette  # noqa: E402
+from spark_bench.report.assets import palette  # noqa: E402
+from spark_bench.report.charts import OpCharts  # noqa: E402
 
 # A CPU's measured peaks, as `spark-bench calibrate` caches them: bf16 matmul is 100x slower than fp32 on this CPU
 CPU_ROOF = {"measured": {"fingerprint_id": "cpu-fp", "measured_at": "2026-11-27T07:10:00+0000",

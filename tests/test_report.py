@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import report_fixtures as fx  # noqa: E402
 
 from spark_bench.report import ResultsError, load_runs, write_report  # noqa: E402
-from spark_bench.report.charts import OpCharts, palette  # noqa: E402
+from spark_bench.report.assets import palette  # noqa: E402
+from spark_bench.report.charts import OpCharts  # noqa: E402
 from spark_bench.report.cli import report  # noqa: E402
 from spark_bench.report.html import script_json  # noqa: E402
 from spark_bench.report.model import op_summary, peaks, problems, roofline_pct, swept_axis  # noqa: E402

@@ -109,6 +109,9 @@ def test_untimed_cases_are_marked_on_the_latency_chart(tmp_path):
     assert "<b>crash</b>: signal 11" in data["hover"][marks["triton ✕ crash"]["meta"]["h"][0]]
     assert '<option value="1">heads=32 bf16</option>' in text
     assert "triton (1 crash, 1 timeout)" in text and "fla (not timed: 1 skipped)" in text
+    assert "torch (1 no timing)" in text  # the legend names it as the chart does (it said "1 ok")
+    box = data["boxLayout"]["op0"]
+    assert (box["xaxis"]["type"], box["yaxis"]["type"], box["boxmode"]) == ("category", "log", "group")
     assert "marked ✕ at the bottom of its op's latency chart" in text
 
 

@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spark_bench.console import fmt_num, fmt_pct
-from spark_bench.report.assets import palette  # noqa: F401  (the history report and the tests take it from here)
-from spark_bench.report.compare import log_halfwidth
+from spark_bench.report.compare import ratio_ci
 from spark_bench.report.model import (
     MAX_BOX_SAMPLES,
     NOT_A_CONTENDER,
@@ -22,6 +21,7 @@ from spark_bench.report.model import (
     baseline_twins,
     combo_key,
     failure_text,
+    interpreted_backends,
     log_scale,
     match_key,
     natural_key,
@@ -32,8 +32,10 @@ from spark_bench.report.model import (
     roofline_pct,
     speedups,
     swept_axis,
+    time_unit,
     timed_on,
     timing,
+    untimed_status,
 )
 
 DASHES = ["solid", "dash", "dot", "dashdot", "longdash"]
@@ -91,13 +93,13 @@ class OpCharts:
         self.combos = list(first) or [""]
         self.backends = sorted({str(r.get("backend")) for r in every})
         # (run index, backend) whose numbers come from the Triton interpreter: every legend says so
-        self.interpreted = {(ri, str(r.get("backend"))) for ri, rs in enumerate(self.per_run) for r in rs
-                            if "interpreted" in (r.get("labels") or [])}
-        self.unit = next((timing(r).get("unit", "us") for _, r in timed), "us")
+        self.interpreted = {(ri, b) for ri, rs in enumerate(self.per_run) for b in interpreted_backends(rs)}
+        self.unit = time_unit(r for _, r in timed)
+        self.unit_text = "µs" if self.unit == "us" else self.unit
         self.x_log = bool(self.swept) and log_scale(r["params"][self.swept] for _, r in timed)
         self.context = timed_on(self.runs, every)  # every chart's subtitle: device(s) and timer(s)
         self.twins = [baseline_twins(rs, baseline) for rs in self.per_run]
-        self.speedups = [speedups(rs, baseline) for rs in self.per_run]
+        self.speedups = [speedups(rs, baseline, twins) for rs, twins in zip(self.per_run, self.twins, strict=True)]
         self.hid: dict[int, int] = {}
         self.groups: dict[tuple[int, str, int], list[dict[str, Any]]] = {}
         self.failed: dict[tuple[int, str, int], list[dict[str, Any]]] = {}  # not timed: ✕ on the latency chart
@@ -128,8 +130,7 @@ class OpCharts:
             return None
         cis = [(number(timing(x).get("ci_low")) or 0.0, number(timing(x).get("ci_high")) or 0.0)
                for x in (r, self.twins[ri][id(r)])]
-        half = math.hypot(*(log_halfwidth(lo, hi) for lo, hi in cis))  # inf when a CI is missing: no bar
-        return (v * math.exp(-half), v * math.exp(half)) if math.isfinite(half) else None
+        return ratio_ci(v, *cis)  # None (no bar) when a CI is missing
 
     def name(self, backend: str, run_index: int) -> str:
         text = backend if len(self.runs) == 1 else f"{backend} · {self.runs[run_index].label}"
@@ -174,7 +175,8 @@ class OpCharts:
 
     def _lines(self, value, template: str, skip_backends=(), errors=None, text=None) -> list[dict[str, Any]]:
         """One trace per (run, backend, combo) of value(result, run_index) -> float|None; errors(result, run_index)
-        -> (low, high) or None draws error bars (a point without them gets none)."""
+        -> (low, high) or None draws error bars (a point without them gets none); text(result, run_index, bounds)
+        -> the point's %{text}, given the bounds errors() returned for it (each computed once)."""
         traces = []
         for (ri, b, ci), rs in sorted(self.groups.items()):
             if b in skip_backends:
@@ -190,13 +192,13 @@ class OpCharts:
                 "hovertemplate": f"%{{hovertext}}<br>{template}<extra></extra>",
                 "meta": {"combo": ci, "h": [self.hid[id(r)] for r, _ in pts]}, "visible": ci == 0,
             }
+            bounds = [errors(r, ri) if errors else None for r, _ in pts]
             if text:
-                trace["text"] = [text(r, ri) for r, _ in pts]
+                trace["text"] = [text(r, ri, e) for (r, _), e in zip(pts, bounds, strict=True)]
             if errors:
-                bounds = [(v, errors(r, ri)) for r, v in pts]
                 trace["error_y"] = {"type": "data", "symmetric": False, "thickness": 1.2, "width": 3,
-                                    "array": [_gap(e and e[1], v) for v, e in bounds],
-                                    "arrayminus": [_gap(v, e and e[0]) for v, e in bounds]}
+                                    "array": [_gap(e and e[1], v) for (_, v), e in zip(pts, bounds, strict=True)],
+                                    "arrayminus": [_gap(v, e and e[0]) for (_, v), e in zip(pts, bounds, strict=True)]}
             traces.append(trace)
         return traces
 
@@ -221,7 +223,7 @@ class OpCharts:
 
     # --- the charts ---------------------------------------------------------------------------------------------
     def latency(self) -> dict[str, Any] | None:
-        unit = "µs" if self.unit == "us" else self.unit
+        unit = self.unit_text
         traces = self._lines(lambda r, ri: timing(r)["median"], "",
                              errors=lambda r, ri: (number(timing(r).get("p10")), number(timing(r).get("p90"))))
         fig = self._figure(f"Latency: median, bars p10–p90 ({unit})", f"time per call ({unit})", traces)
@@ -233,7 +235,7 @@ class OpCharts:
 
     def _failure_trace(self, key: tuple[int, str, int], rs: list[dict[str, Any]], floor: float) -> dict[str, Any]:
         ri, b, ci = key
-        statuses = ", ".join(sorted({"no timing" if r.get("status") == "ok" else str(r.get("status")) for r in rs}))
+        statuses = ", ".join(sorted({untimed_status(r) for r in rs}))
         return {"type": "scatter", "mode": "markers", "name": f"{self.name(b, ri)} ✕ {ptext(statuses)}",
                 "legendgroup": self.name(b, ri), "x": [self.x(r) for r in rs], "y": [floor] * len(rs),
                 "marker": {"symbol": "x", "size": 10, "color": self.colours.get(b, "#333"),
@@ -244,8 +246,7 @@ class OpCharts:
     def speedup_chart(self) -> dict[str, Any] | None:
         base = ptext(self.baseline)
 
-        def ci_text(r, ri):
-            ci = self.speedup_ci(r, ri)
+        def ci_text(r, ri, ci):
             return f"(CI {ci[0]:.3g}–{ci[1]:.3g}×)" if ci else ""
 
         traces = self._lines(lambda r, ri: self.speedups[ri].get(id(r)),
@@ -328,9 +329,9 @@ class OpCharts:
             b = base.get(match_key(r))
             return timing(r)["median"] / b if ri > 0 and b else None
 
-        def text(r, ri):
+        def text(r, ri, bounds):
             v = verdicts.get((ri, id(r)))
-            return ptext(v.verdict + (f" (CI {v.ratio_lo:.3f}–{v.ratio_hi:.3f})" if ci(r, ri) else "")) if v else ""
+            return ptext(v.verdict + (f" (CI {v.ratio_lo:.3f}–{v.ratio_hi:.3f})" if bounds else "")) if v else ""
 
         def ci(r, ri):
             v = verdicts.get((ri, id(r)))
@@ -352,6 +353,12 @@ class OpCharts:
         figs += [self.throughput("gbps", "Achieved bandwidth (GB/s)", "GB/s"),
                  self.throughput("tflops", "Achieved compute (TFLOP/s)", "TFLOP/s"), self.roofline(), self.energy()]
         return [f for f in figs if f is not None]
+
+    def box_layout(self) -> dict[str, Any]:
+        """The layout of the raw-samples box plot, which the page draws on demand from sample_sets()."""
+        layout = _layout(f"Raw samples per {self.x_title}", self.x_title, f"time per call ({self.unit_text})",
+                         categorical=True, y_log=True, subtitle=self.context)
+        return layout | {"boxmode": "group", "height": 396}
 
     def sample_sets(self) -> list[dict[str, Any]]:
         """Raw samples of every timed case, for the on-demand distribution plot (embedded once per page); a case

@@ -22,7 +22,16 @@ from typing import Any
 import numpy as np
 
 from spark_bench.console import fmt_pct
-from spark_bench.report.model import RunData, geomean, match_key, natural_key, number, params_text, timing
+from spark_bench.report.model import (
+    RunData,
+    geomean,
+    match_key,
+    natural_key,
+    number,
+    params_text,
+    time_unit,
+    timing,
+)
 from spark_bench.stats import median_ci
 
 ALPHA = 0.01
@@ -111,6 +120,12 @@ def log_halfwidth(lo: float, hi: float) -> float:
     return (math.log(hi) - math.log(lo)) / 2.0 if lo > 0 and hi > 0 else math.inf
 
 
+def ratio_ci(ratio: float, ci_a: tuple[float, float], ci_b: tuple[float, float]) -> tuple[float, float] | None:
+    """The CI of a ratio of two medians from their CIs, combined on a log scale; None when either is unknown."""
+    half = math.hypot(log_halfwidth(*ci_a), log_halfwidth(*ci_b))
+    return (ratio * math.exp(-half), ratio * math.exp(half)) if math.isfinite(half) else None
+
+
 def timing_verdict(base: dict[str, Any], new: dict[str, Any], threshold: float, metric: str = "median",
                    alpha: float = ALPHA) -> Verdict:
     """Verdict for two `timing` records, from their raw samples when stored (else their stored CIs)."""
@@ -132,8 +147,7 @@ def timing_verdict(base: dict[str, Any], new: dict[str, Any], threshold: float, 
         ci_b = (number(new.get("ci_low")) or n_val, number(new.get("ci_high")) or n_val)
         p = 0.0 if (ci_b[0] > ci_a[1] or ci_b[1] < ci_a[0]) else 1.0
         note = "no raw samples: stored CIs compared"
-    half = math.hypot(log_halfwidth(*ci_a), log_halfwidth(*ci_b))
-    lo, hi = (ratio * math.exp(-half), ratio * math.exp(half)) if math.isfinite(half) else (0.0, math.inf)
+    lo, hi = ratio_ci(ratio, ci_a, ci_b) or (0.0, math.inf)
     v = Verdict("noisy", ratio, lo, hi, p, note)
     separated = bool(a) and bool(b) and (min(b) > max(a) * (1.0 + threshold) or max(b) < min(a) * (1.0 - threshold))
     if (p < alpha or separated) and abs(ratio - 1.0) > threshold:
@@ -276,7 +290,7 @@ def print_table(console: Any, diffs: Sequence[CaseDiff], metric: str, threshold:
     order = {"broken": 0, "slower": 1, "faster": 2, "fixed": 3, "noisy": 4, "failing": 5, "missing": 6, "new": 7}
     rows = sorted(diffs, key=lambda d: (order.get(d.verdict.verdict, 8), *d.sort_key))
     shown = [d for d in rows if show_all or d.verdict.verdict != "same"]
-    unit = next((t.get("unit", "us") for d in diffs for t in [timing(d.base) if d.base else None] if t), "us")
+    unit = time_unit(d.base for d in diffs)
     title = f"{new_label} vs {base_label}: {metric} ({unit}), threshold ±{pct(threshold)}, p < {ALPHA}"
     table = Table(title=Text(title))
     table.add_column("case (op backend dtype params)", overflow="fold")

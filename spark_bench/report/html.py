@@ -16,18 +16,20 @@ import plotly.offline
 from spark_bench.console import fmt_num, fmt_pct
 from spark_bench.report import tables
 from spark_bench.report.assets import CSS, JS, palette
-from spark_bench.report.charts import OpCharts, ptext
+from spark_bench.report.charts import OpCharts
 from spark_bench.report.compare import CaseDiff, compare_runs, pct, tally
 from spark_bench.report.model import (
     MAX_BOX_SAMPLES,
     RunData,
     by_op,
     failure_text,
+    interpreted_backends,
     op_summary,
     params_text,
     problems,
     timed_on,
     timing,
+    untimed_status,
 )
 from spark_bench.report.tuned import tuned_section
 from spark_bench.telemetry.calibrate import busy_text
@@ -134,8 +136,8 @@ def environment(runs: Sequence[RunData]) -> str:
         row("weights", lambda r: weights_text(fp(r).get("weights"))),
         row("cases", summary),
         row("roofline peaks", calibration),
-        row("Triton", lambda r: f"interpreted (TRITON_INTERPRET=1): {interpreted_backends(r)} ran in the Triton "
-                                "interpreter, numbers measure Python, not a kernel" if interpreted_backends(r)
+        row("Triton", lambda r: f"interpreted (TRITON_INTERPRET=1): {_interpreted_text(r)} ran in the Triton "
+                                "interpreter, numbers measure Python, not a kernel" if _interpreted_text(r)
                                 else "compiled"),
     ]
     if len(runs) == 1:  # one run: key/value pairs flow in columns across the page
@@ -180,9 +182,8 @@ def _age(then: Any, now: Any) -> str | None:
     return f"{hours} h {rest // 60} min" if hours else (f"{rest // 60} min" if rest >= 60 else f"{rest} s")
 
 
-def interpreted_backends(run: RunData) -> str:
-    """The backends of a run whose cases carry the `interpreted` label (Triton on CPU), comma-separated."""
-    return ", ".join(sorted({r["backend"] for r in run.results if "interpreted" in (r.get("labels") or [])}))
+def _interpreted_text(run: RunData) -> str:
+    return ", ".join(sorted(interpreted_backends(run.results)))
 
 
 OVER_PEAK_MARK = " †"  # a best % of roofline above 100: explained under the summary
@@ -195,7 +196,7 @@ def summary(runs: Sequence[RunData], baseline: str, colours: dict[str, str]) -> 
     headers = ["op"] + (["run"] if multi else []) + ["fastest correct backend", f"speedup over {baseline}",
                                                     "best % of roofline", "cases", "ok", "mismatch", "failed",
                                                     "skipped"]
-    interp = sorted({b for r in runs for b in interpreted_backends(r).split(", ") if b})
+    interp = sorted(interpreted_backends(r for run in runs for r in run.results))
     note = (f'<p class="sb-interpreted"><b>Interpreted:</b> {esc(", ".join(interp))} ran in the Triton interpreter '
             "(CPU, TRITON_INTERPRET=1): their times measure the interpreter, not a GPU kernel.</p>") if interp else ""
     where = "<br>".join(f"{esc(r.label) + ': t' if multi else 'T'}imed {esc(timed_on([r], r.results))}"
@@ -216,9 +217,10 @@ def _summary_row(op: str, run: RunData, results: list, baseline: str, colours: d
     s = op_summary(op, results, run.run, baseline)
     c = s["counts"]
 
+    interpreted = interpreted_backends(results)
+
     def interp(backend: str) -> str:  # an interpreted backend's name says so wherever the summary gives it
-        labelled = any("interpreted" in (r.get("labels") or []) for r in results if r.get("backend") == backend)
-        return " (interpreted)" if labelled else ""
+        return " (interpreted)" if backend in interpreted else ""
 
     fastest = Markup("<span class='muted'>none timed</span>")
     if s.get("fastest"):
@@ -310,14 +312,7 @@ def op_section(index: int, charts: OpCharts, verdicts: dict, data: dict[str, Any
         data["figs"].append({"id": fid, "fig": fig})
         divs.append(f'<div id="{fid}"></div>')
     data["samples"][key] = charts.sample_sets()
-    unit = "µs" if charts.unit == "us" else charts.unit
-    data["boxLayout"][key] = {
-        "title": {"text": f"<b>Raw samples per {ptext(charts.x_title)}</b>", "x": 0.01, "xanchor": "left",
-                  "subtitle": {"text": ptext(charts.context), "font": {"size": 11, "color": "#5b6475"}}},
-        "boxmode": "group", "height": 396, "margin": {"l": 60, "r": 10, "t": 52, "b": 44},
-        "xaxis": {"title": {"text": ptext(charts.x_title)}, "type": "category"},
-        "yaxis": {"title": {"text": f"time per call ({ptext(unit)})"}, "type": "log", "dtick": 1},
-        "plot_bgcolor": "white"}
+    data["boxLayout"][key] = charts.box_layout()
     controls = [f"<span class='muted'>timed <b>{esc(charts.context)}</b></span>",
                 f"<span class='muted'>swept: <b>{esc(charts.swept or 'none')}</b></span>"]
     if charts.swept and len(charts.combos) > 1:
@@ -329,7 +324,7 @@ def op_section(index: int, charts: OpCharts, verdicts: dict, data: dict[str, Any
     legend = []
     for b in charts.backends:  # each backend with how many of its cases were not timed, and why
         timed = any(timing(r) for rs in charts.per_run for r in rs if r.get("backend") == b)
-        untimed = Counter(str(r.get("status")) for rs in charts.per_run for r in rs
+        untimed = Counter(untimed_status(r) for rs in charts.per_run for r in rs
                           if r.get("backend") == b and not timing(r))
         why = ", ".join(f"{n} {k}" for k, n in sorted(untimed.items()))
         why = f" ({why})" if timed and why else f" (not timed: {why or 'no case'})" if not timed else ""

@@ -138,6 +138,22 @@ def timing(r: dict[str, Any]) -> dict[str, Any] | None:
     return t if r.get("status") == "ok" and isinstance(t, dict) and is_number(t.get("median")) else None
 
 
+def untimed_status(r: dict[str, Any]) -> str:
+    """Why a case has no usable timing, as every part of the report names it: its status, or "no timing" for a case
+    that checked ok but stored no usable timing (the legend and the latency chart's ✕ marks say the same)."""
+    return "no timing" if r.get("status") == "ok" else str(r.get("status"))
+
+
+def time_unit(records: Iterable[dict[str, Any] | None]) -> str:
+    """The time unit of the first timed record ("us" when none is timed or it states none)."""
+    return next((t.get("unit") or "us" for r in records if r for t in [timing(r)] if t), "us")
+
+
+def interpreted_backends(results: Iterable[dict[str, Any]]) -> set[str]:
+    """Backends with a case labelled `interpreted` (Triton on CPU): their times measure the interpreter."""
+    return {str(r.get("backend")) for r in results if "interpreted" in (r.get("labels") or [])}
+
+
 def number(x: Any) -> float | None:
     return float(x) if is_number(x) else None
 
@@ -258,9 +274,11 @@ def baseline_twins(results: Sequence[dict[str, Any]], baseline: str) -> dict[int
     return {id(r): base[key(r)] for r in results if timing(r) and key(r) in base}
 
 
-def speedups(results: Sequence[dict[str, Any]], baseline: str) -> dict[int, float]:
-    """id(result) -> baseline median / this median, for timed cases whose baseline twin was timed too."""
-    twins = baseline_twins(results, baseline)
+def speedups(results: Sequence[dict[str, Any]], baseline: str,
+             twins: dict[int, dict[str, Any]] | None = None) -> dict[int, float]:
+    """id(result) -> baseline median / this median, for timed cases whose baseline twin was timed too (`twins`:
+    baseline_twins(results, baseline), when the caller has it)."""
+    twins = baseline_twins(results, baseline) if twins is None else twins
     return {id(r): timing(twins[id(r)])["median"] / timing(r)["median"] for r in results
             if id(r) in twins and timing(r)["median"] > 0 and timing(twins[id(r)])["median"]}
 

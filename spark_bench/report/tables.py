@@ -16,6 +16,7 @@ from spark_bench.report.model import (
     params_text,
     roofline_pct,
     speedups,
+    time_unit,
     timing,
 )
 
@@ -26,13 +27,9 @@ def _col(name: str, title: str = "", **kw: Any) -> dict[str, Any]:
     return {"name": name, **({"title": title} if title else {}), **kw}
 
 
-def _unit(records: Sequence[dict[str, Any] | None]) -> str:
-    return next((t.get("unit") or "us" for r in records if r for t in [timing(r)] if t), "us")
-
-
 def cases_table(runs: Sequence[RunData], baseline: str) -> dict[str, Any]:
     multi = len(runs) > 1
-    unit = _unit([r for run in runs for r in run.results])
+    unit = time_unit([r for run in runs for r in run.results])
     columns = ([_col("run")] if multi else []) + [
         _col("op"), _col("backend"), _col("dtype"), _col("params", cls="code"), _col("status", tag="st"),
         _col(f"median_{unit}", "median time per call"), _col(f"p10_{unit}"), _col(f"p90_{unit}"),
@@ -78,7 +75,7 @@ def _group(results: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
 
 def comparison_table(runs: Sequence[RunData], diffs: dict[int, list[CaseDiff]]) -> dict[str, Any]:
     multi = len(diffs) > 1
-    unit = _unit([x for ds in diffs.values() for d in ds for x in (d.base, d.new)])
+    unit = time_unit([x for ds in diffs.values() for d in ds for x in (d.base, d.new)])
     columns = ([_col("run")] if multi else []) + [
         _col("op"), _col("backend"), _col("dtype"), _col("params", cls="code"), _col(f"base_median_{unit}"),
         _col(f"new_median_{unit}"), _col("ratio", "new / base median time: > 1 is slower", sig=4),
