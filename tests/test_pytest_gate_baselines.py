@@ -123,3 +123,21 @@ def test_a_case_timed_in_the_baseline_and_skipped_now_fails_the_gate(pytester, b
     assert "1 case(s) timed in the baseline were skipped in this run" in result.stdout.str()
     assert "fault.scale[unavailable-fp32-R3-C5]: unavailable is unavailable on cpu" in result.stdout.str()
     assert pytester.runpytest(*both).ret == 0  # no gate: a look only
+
+
+def test_a_gate_with_benchmarks_disabled_fails(pytester, baseline):
+    """--benchmark-disable (or xdist's -n) times nothing, so pytest-benchmark compares nothing: not a pass."""
+    name = _damaged(pytester, baseline, "base_copy.json")
+    result = pytester.runpytest(*GOOD, f"--benchmark-compare={name}", *GATE, "--benchmark-disable")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    assert "--benchmark-compare-fail compared nothing: pytest-benchmark is disabled" in result.stdout.str()
+    assert pytester.runpytest(*GOOD, f"--benchmark-compare={name}", "--benchmark-disable").ret == 0  # a look only
+
+
+def test_a_saved_run_keeps_its_raw_samples(pytester, fresh_registry):
+    """A later gate on a saved run compares raw samples (Mann-Whitney), not only the stored CIs."""
+    pytester.runpytest(*GOOD, "--benchmark-save=base").assert_outcomes(passed=1)
+    saved = [json.loads(p.read_text()) for p in pytester.path.glob(".benchmarks/*/0001_base.json")]
+    assert len(saved) == 1
+    case = saved[0]["benchmarks"][0]
+    assert len(case["stats"]["data"]) == case["stats"]["rounds"] >= 3

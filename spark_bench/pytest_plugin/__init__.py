@@ -168,6 +168,8 @@ def pytest_configure(config: pytest.Config) -> None:
     from spark_bench.pytest_plugin import gate
 
     gate.check_options(config)
+    if state.ops:
+        gate.keep_raw_samples(config)
     if state.explicit:
         gate.check_compare_path(config)  # before pytest-benchmark's pytest_configure (trylast) loads the baseline
     gate.install(config)
@@ -262,7 +264,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from spark_bench.pytest_plugin.gate import summary
 
     state = state_of(session.config)
-    state.gate_lines, state.gate_errors = summary(session.config, state.skipped)
+    state.gate_lines, state.gate_errors = summary(session.config, state.skipped, state.active)
     if state.gate_errors and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

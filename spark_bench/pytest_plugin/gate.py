@@ -50,6 +50,14 @@ def check_options(config: pytest.Config) -> None:
         raise usage_error(exc) from None
 
 
+def keep_raw_samples(config: pytest.Config) -> None:
+    """A saved run of spark-bench cases keeps its raw samples (--benchmark-save-data): a later gate on it then uses
+    Mann-Whitney on both sides, as `spark-bench compare` does, instead of the stored CIs alone."""
+    if (config.getoption("benchmark_save", None) or config.getoption("benchmark_autosave", None)) \
+            and hasattr(config.option, "benchmark_save_data"):
+        config.option.benchmark_save_data = True
+
+
 def check_compare_path(config: pytest.Config) -> None:
     """A --benchmark-compare that names a file which is not there (pytest-benchmark would match nothing, or raise)."""
     compare = config.getoption("benchmark_compare", None)
@@ -186,11 +194,15 @@ def install(config: pytest.Config) -> None:
                                                 for c in checks]
 
 
-def summary(config: pytest.Config, skipped: dict[str, str]) -> tuple[list[str], list[str]]:
+def summary(config: pytest.Config, skipped: dict[str, str], spark: bool) -> tuple[list[str], list[str]]:
     """(lines about what the gate compared, lines of what fails it) once pytest-benchmark has compared; `skipped`:
-    the node ids of this run's skipped spark-bench cases, with the reasons."""
+    the node ids of this run's skipped spark-bench cases, with the reasons; `spark`: the session used spark-bench
+    (a plain session keeps pytest-benchmark's behaviour)."""
     bs = getattr(config, "_benchmarksession", None)
     checks = [c for c in (getattr(bs, "compare_fail", None) or []) if isinstance(c, SparkCheck)]
+    if checks and bs.disabled and spark:  # --benchmark-disable, or xdist (-n): nothing timed, nothing compared
+        return [], ["FAILED: --benchmark-compare-fail compared nothing: pytest-benchmark is disabled "
+                    "(--benchmark-disable, or xdist's -n); gate without them"]
     if not checks or not bs.compared_mapping:
         return [], []
     from spark_bench.report.compare import ALPHA, pct
