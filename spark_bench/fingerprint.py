@@ -1,7 +1,8 @@
 """The environment fingerprint stored with every run: device, driver/CUDA, library versions, CPU, host, git commit.
 
 `fingerprint_id` hashes only what identifies the measuring hardware and software stack (device name, memory, SM count,
-driver, CUDA, torch, triton), so runs are compared only with runs of the same fingerprint unless the user insists.
+driver, CUDA, torch, triton, and a GPU's enforced power limit where NVML reads it: a capped card is slower at the
+same clocks' worth of work), so runs are compared only with runs of the same fingerprint unless the user insists.
 """
 
 from __future__ import annotations
@@ -69,6 +70,38 @@ def device_info(device: str) -> dict[str, Any]:
     }
 
 
+# (section, key) of each field fingerprint_id hashes, as stack_difference names them
+IDENTITY_FIELDS = (("device", "type"), ("device", "name"), ("device", "memory_bytes"), ("device", "sm_count"),
+                   ("device", "capability"), ("device", "driver"), ("device", "cuda"), ("versions", "torch"),
+                   ("versions", "triton"), ("power", "limit_w"))
+
+
+def power_info(device: str) -> dict[str, Any] | None:
+    """A GPU's enforced and default power limits (W, NVML), or None (a CPU, or no NVML)."""
+    if not device.startswith("cuda"):
+        return None
+    from spark_bench.telemetry.nvml import open_source
+
+    source, _ = open_source(device)
+    limit = source.power_limit_w() if source is not None else None
+    if limit is None:
+        return None
+    default = source.default_power_limit_w()
+    return {"limit_w": round(limit), "default_limit_w": round(default) if default is not None else None}
+
+
+def stack_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """What differs between two fingerprints' identifying fields ("fingerprint_id differs" when none that is
+    stored does): `power.limit_w 700 -> 500`, `versions.torch '2.11.0' -> '2.13.0'`."""
+    def field(fp: dict[str, Any], section: str, key: str) -> Any:
+        part = fp.get(section)
+        return part.get(key) if isinstance(part, dict) else None
+
+    diffs = [f"{section}.{key} {field(a, section, key)!r} -> {field(b, section, key)!r}"
+             for section, key in IDENTITY_FIELDS if field(a, section, key) != field(b, section, key)]
+    return ", ".join(diffs) or "fingerprint_id differs"
+
+
 def git_info() -> dict[str, Any]:
     root = Path(__file__).resolve().parent.parent
 
@@ -91,12 +124,17 @@ def fingerprint(device: str, weights: dict[str, Any] | None = None) -> dict[str,
     versions = {d: _version(d) for d in PEERS}
     ident = {k: dev.get(k) for k in ("type", "name", "memory_bytes", "sm_count", "capability", "driver", "cuda")}
     ident.update(torch=versions["torch"], triton=versions["triton"])
+    power = power_info(device)
+    if power:  # only where read: runs without NVML (and every CPU run) keep the ids they had
+        ident["power_limit_w"] = power["limit_w"]
     out = {
         "device": dev, "cpu": cpu_info(), "host": socket.gethostname(), "os": platform.platform(),
         "python": platform.python_version(), "versions": versions, "git": git_info(),
         "env": {k: os.environ[k] for k in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES") if k in os.environ},
         "fingerprint_id": hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16],
     }
+    if power:
+        out["power"] = power
     if weights:
         from spark_bench.weights import describe
 

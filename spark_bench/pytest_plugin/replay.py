@@ -14,9 +14,6 @@ from typing import Any
 
 import pytest
 
-IDENTITY_FIELDS = (("device", "name"), ("device", "type"), ("device", "memory_bytes"), ("device", "driver"),
-                   ("device", "cuda"), ("versions", "torch"), ("versions", "triton"))
-
 
 class ReplayTimer:
     """A pytest-benchmark timer that replays preloaded samples (seconds), one per timed round."""
@@ -102,12 +99,9 @@ def fingerprint_difference(saved: dict[str, Any], current: dict[str, Any]) -> st
     weights = None if wa == wb else f"weights {wa or 'random'} -> {wb or 'random'}"
     if saved.get("fingerprint_id") == current.get("fingerprint_id"):
         return weights
-    diffs = []
-    for section, key in IDENTITY_FIELDS:
-        a, b = _section(saved, section).get(key), _section(current, section).get(key)
-        if a != b:
-            diffs.append(f"{key} {a!r} -> {b!r}")
-    return ", ".join(diffs + ([weights] if weights else [])) or "fingerprint_id differs"
+    from spark_bench.fingerprint import stack_difference  # imports torch: only when the fingerprints differ
+
+    return stack_difference(saved, current) + (f", {weights}" if weights else "")
 
 
 def _section(fp: dict[str, Any], name: str) -> dict[str, Any]:

@@ -222,8 +222,11 @@ def parse_threshold(text: str | float) -> float:
 def check_same_device(base: RunData, new: RunData) -> None:
     a, b = base.fingerprint.get("fingerprint_id"), new.fingerprint.get("fingerprint_id")
     if a != b:
+        from spark_bench.fingerprint import stack_difference
+
         raise CompareError(f"runs were measured on different device fingerprints ({base.device_name} [{a}] vs "
-                           f"{new.device_name} [{b}]); pass --allow-different-device to compare anyway")
+                           f"{new.device_name} [{b}]: {stack_difference(base.fingerprint, new.fingerprint)}); "
+                           "pass --allow-different-device to compare anyway")
 
 
 def weights_identity(run: RunData) -> dict[str, Any] | None:

@@ -1,0 +1,62 @@
+"""The device fingerprint: what fingerprint_id tells apart and how a difference is named (fingerprint.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+import spark_bench.fingerprint as fingerprint_module
+import spark_bench.telemetry.nvml as nvml
+from spark_bench.fingerprint import fingerprint, stack_difference
+from spark_bench.report.compare import CompareError, check_same_device
+from spark_bench.report.model import RunData
+from spark_bench.telemetry.fake import FakeSource
+
+H200 = {"type": "cuda", "index": 0, "name": "NVIDIA H200", "capability": "9.0", "memory_bytes": 150_000_000_000,
+        "sm_count": 132, "l2_bytes": 62_914_560, "cuda": "12.8", "driver": "570.1"}
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """fingerprint("cuda:0") on a simulated H200 whose NVML reads the power limit set in `limits` (None: no NVML)."""
+    limits: dict[str, float | None] = {"limit": 700.0}
+    real = fingerprint_module.device_info
+    monkeypatch.setattr(fingerprint_module, "device_info",
+                        lambda device: dict(H200) if device.startswith("cuda") else real(device))
+
+    def open_source(device):
+        if limits["limit"] is None:
+            return None, "NVML unavailable: simulated"
+        return FakeSource(power_limit_w=limits["limit"], default_power_limit_w=700.0), None
+
+    monkeypatch.setattr(nvml, "open_source", open_source)
+    return limits
+
+
+def test_a_capped_gpu_is_another_fingerprint(gpu):
+    full = fingerprint("cuda:0")
+    gpu["limit"] = 500.0
+    capped = fingerprint("cuda:0")
+    assert capped["power"] == {"limit_w": 500, "default_limit_w": 700} and full["power"]["limit_w"] == 700
+    assert capped["fingerprint_id"] != full["fingerprint_id"]
+    assert stack_difference(full, capped) == "power.limit_w 700 -> 500"
+    gpu["limit"] = 700.0
+    assert fingerprint("cuda:0")["fingerprint_id"] == full["fingerprint_id"]  # stable for one setting
+
+
+def test_without_nvml_the_fingerprint_is_what_it_was(gpu):
+    gpu["limit"] = None
+    fp = fingerprint("cuda:0")
+    assert "power" not in fp
+    cpu = fingerprint("cpu")
+    assert "power" not in cpu and cpu["device"]["type"] == "cpu"
+    assert stack_difference(fp, fp) == "fingerprint_id differs"  # nothing stored tells them apart
+
+
+def test_compare_names_what_differs(gpu):
+    def run(fp):
+        return RunData(path=None, run={"fingerprint": fp}, results=[], label="r")
+
+    full = fingerprint("cuda:0")
+    gpu["limit"] = 450.0
+    with pytest.raises(CompareError, match=r"power\.limit_w 700 -> 450\); pass --allow-different-device"):
+        check_same_device(run(full), run(fingerprint("cuda:0")))
