@@ -85,7 +85,8 @@ RECORD_NESTED: dict[str, tuple[type, ...]] = {
 RUN_NESTED: dict[str, tuple[type, ...]] = {
     "fingerprint.device": (dict,), "fingerprint.device.name": _STR, "fingerprint.device.type": _STR,
     **{f"fingerprint.device.{k}": _NUM for k in ("memory_bytes", "l2_bytes", "sm_count")},
-    **{f"fingerprint.{k}": _OBJ for k in ("cpu", "versions", "git", "weights")}, "fingerprint.fingerprint_id": _STR,
+    **{f"fingerprint.{k}": _OBJ for k in ("cpu", "versions", "git", "weights", "power")},
+    "fingerprint.fingerprint_id": _STR, "fingerprint.power.limit_w": _NUM,
     "fingerprint.weights.size_bytes": _NUM, "fingerprint.weights.routing": _OBJ,
     "roofline.measured": _OBJ, "roofline.datasheet": _OBJ,
 }

@@ -66,6 +66,8 @@ DAMAGES = {
     "device-string": (_run_json(lambda r: r["fingerprint"].__setitem__("device", "cpu")),
                       "run.json: field 'fingerprint.device' must be an object, not a string"),
     "git-string": (_run_json(lambda r: r["fingerprint"].__setitem__("git", "3f2a")), "field 'fingerprint.git'"),
+    "power-limit-string": (_run_json(lambda r: r["fingerprint"].__setitem__("power", {"limit_w": "700 W"})),
+                           "field 'fingerprint.power.limit_w' must be a number"),
     "labels-not-strings": (_first_record(lambda r: r.__setitem__("labels", [1, {"a": 2}])),
                            "results.jsonl:1: field 'labels[0]' must be a string, not a number"),
     "p10-string": (_timing("p10", "fast"), "results.jsonl:1: field 'timing.p10' must be a number or null"),
