@@ -80,7 +80,7 @@ def sweep(rng: np.random.Generator, *, scale: dict[str, float] | None = None, n:
 
 def write_run(path: Path, results: list[dict[str, Any]], *, run_id: str = "run-a", device: dict | None = None,
               fingerprint_id: str = "fp-h200", commit: str = "3f2a1c9d0e", peaks: bool = True,
-              roofline: dict | None = None) -> Path:
+              roofline: dict | None = None, power: dict | None = None) -> Path:
     device = device or H200
     run = {
         "run_id": run_id, "created": "2026-11-30T10:15:00+00:00", "finished": "2026-11-30T10:25:00+00:00",
@@ -95,6 +95,8 @@ def write_run(path: Path, results: list[dict[str, Any]], *, run_id: str = "run-a
         else roofline,
         "summary": summarize_statuses(results),
     }
+    if power:
+        run["fingerprint"]["power"] = power
     store = RunStore(path)
     store.create(run)
     with open(store.results_file, "a") as f:  # RunStore.append's format, without its fsync per line

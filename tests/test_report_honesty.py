@@ -147,3 +147,13 @@ def test_runs_of_different_machines_say_so(tmp_path):
 def test_plotly_template_syntax_in_a_label_is_kept():
     # a trace with `meta` reads %{...} in its name as a template: the text would vanish from the legend
     assert ptext("mode=%{y} <b>") == "mode=&#37;{y} &lt;b&gt;"
+
+
+def test_the_power_limit_is_in_the_environment(tmp_path):
+    rng = np.random.default_rng(0)
+    results = [fx.case("kda.gate", "torch", {"tokens": t}, samples=fx.draw(rng, 5.0 + t)) for t in (1, 8)]
+    _, _, capped = render(tmp_path, results, name="capped", power={"limit_w": 500, "default_limit_w": 700})
+    env = capped[capped.index('<section id="env">'):]
+    assert "<b>power limit</b><span>500 W (default 700 W: capped)</span>" in env
+    _, _, unread = render(tmp_path, results, name="unread")
+    assert "<b>power limit</b><span>not read (no NVML, or a CPU)</span>" in unread

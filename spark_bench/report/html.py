@@ -133,6 +133,7 @@ def environment(runs: Sequence[RunData]) -> str:
                                         "</span>")),
         row("sweep", sweep),
         row("fingerprint", lambda r: fp(r).get("fingerprint_id") or "?"),
+        row("power limit", lambda r: _power_limit_text(fp(r).get("power"))),
         row("weights", lambda r: weights_text(fp(r).get("weights"))),
         row("cases", summary),
         row("roofline peaks", calibration),
@@ -145,6 +146,15 @@ def environment(runs: Sequence[RunData]) -> str:
         return f'<section id="env"><h2>Environment</h2><div class="envgrid">{pairs}</div></section>'
     table = _table([""] + [r.label for r in runs], [[Markup(f"<b>{esc(k)}</b>"), *v] for k, v in rows], "static env")
     return f'<section id="env"><h2>Environment</h2>{table}</section>'
+
+
+def _power_limit_text(power: Any) -> str:
+    """The GPU's enforced power limit when the run began (NVML), against its default: a capped card is slower."""
+    if not isinstance(power, dict) or power.get("limit_w") is None:
+        return "not read (no NVML, or a CPU)"
+    default = power.get("default_limit_w")
+    capped = default is not None and power["limit_w"] < default
+    return f"{power['limit_w']} W" + (f" (default {default} W{': capped' if capped else ''})" if default else "")
 
 
 def calibration(run: RunData) -> str:
