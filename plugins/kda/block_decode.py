@@ -13,7 +13,7 @@ from spark_bench.plugins.kda import block_common as bc
 from spark_bench.plugins.kda import gated_rmsnorm, short_conv, short_conv_decode
 from spark_bench.plugins.kda import recurrent_decode as rd
 from spark_bench.plugins.kda import weights as kda_weights
-from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
+from spark_bench.plugins.models import KIMI_LINEAR, kda_presets
 
 from spark_bench import Axis, Op, Tolerance
 from spark_bench.check import untouched_slots
@@ -80,8 +80,7 @@ op = Op(
         Axis("head_dim", [128], quick=[32]),
         Axis("hidden", [KIMI_LINEAR["hidden"]], quick=[80]),
     ],
-    presets={"kimi-linear": {"heads": tp_slices(KIMI_LINEAR["heads"]), "head_dim": [KIMI_LINEAR["head_dim"]],
-                             "hidden": [KIMI_LINEAR["hidden"]]}},
+    presets=kda_presets(("head_dim",), hidden=[KIMI_LINEAR["hidden"]]),
     dtypes=["bf16"],
     tolerance={"bf16": Tolerance(1e-2), "fp16": Tolerance(1e-2), "fp32": Tolerance(1e-3)},
     outputs=outputs,

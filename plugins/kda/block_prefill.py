@@ -15,7 +15,7 @@ from spark_bench.plugins.kda import block_common as bc
 from spark_bench.plugins.kda import chunk_prefill, core_common, gated_rmsnorm, short_conv
 from spark_bench.plugins.kda import weights as kda_weights
 from spark_bench.plugins.kda.core_common import GPU_VARLEN
-from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
+from spark_bench.plugins.models import KIMI_LINEAR, LONG_PREFILL, kda_presets
 
 from spark_bench import Axis, Op, Tolerance
 from spark_bench.inputs import generator, randn
@@ -86,8 +86,7 @@ op = Op(
         Axis("hidden", [KIMI_LINEAR["hidden"]], quick=[80]),
     ],
     constraints=[bc.pattern_constraint(_batch, _seq_len)],
-    presets={"kimi-linear": {"heads": tp_slices(KIMI_LINEAR["heads"]), "head_dim": [KIMI_LINEAR["head_dim"]],
-                             "hidden": [KIMI_LINEAR["hidden"]]}},
+    presets=kda_presets(("head_dim",), LONG_PREFILL, hidden=[KIMI_LINEAR["hidden"]]),
     dtypes=["bf16"],
     tolerance={"bf16": Tolerance(1e-2), "fp16": Tolerance(1e-2), "fp32": Tolerance(1e-3)},
     extra_info=bc.sequence_info,

@@ -18,7 +18,7 @@ which also runs interpreted on CPU), reference (fp32 token loop).
 import torch
 from spark_bench.plugins.kda import core_common as cc
 from spark_bench.plugins.kda import weights as kda_weights
-from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
+from spark_bench.plugins.models import LONG_PREFILL, kda_presets
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
 from spark_bench.compiled import add_torch_compile
@@ -99,8 +99,7 @@ op = Op(
         Axis("fused", [True, False], quick=[True], doc="q/k L2 norm, gate and beta sigmoid inside the kernel"),
     ],
     presets={
-        "kimi-linear": {"heads": tp_slices(KIMI_LINEAR["heads"]), "head_dim_k": [KIMI_LINEAR["head_dim"]],
-                        "head_dim_v": [KIMI_LINEAR["head_dim"]]},
+        **kda_presets(("head_dim_k", "head_dim_v"), LONG_PREFILL),
         **{f"fla-B{b}-T{t}-H{h}": {"batch": [b], "seq_len": [t], "heads": [h], "varlen": ["fixed"],
                                    "head_dim_k": [128], "head_dim_v": [128]}
            for b, t, h in ((1, 8192, 96), (4, 2048, 16), (2, 16384, 16))},

@@ -10,7 +10,7 @@ Cost: ~5 FLOPs per element; bytes = g in + fp32 g out + A_log + dt_bias.
 import torch
 import torch.nn.functional as F
 from spark_bench.plugins.kda import weights
-from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
+from spark_bench.plugins.models import LONG_CONTEXT_T, kda_presets
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
 from spark_bench.compiled import add_torch_compile
@@ -62,7 +62,7 @@ op = Op(
         Axis("heads", [32, 16, 8, 4], quick=[4]),
         Axis("head_dim", [128], quick=[128, 60]),
     ],
-    presets={"kimi-linear": {"heads": tp_slices(KIMI_LINEAR["heads"]), "head_dim": [KIMI_LINEAR["head_dim"]]}},
+    presets=kda_presets(("head_dim",), {"tokens": LONG_CONTEXT_T}),
     dtypes=["bf16", "fp32"],
     tolerance={"bf16": Tolerance(1e-3), "fp16": Tolerance(1e-3), "fp32": Tolerance(1e-4)},
 )

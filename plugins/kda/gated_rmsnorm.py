@@ -9,7 +9,7 @@ Cost: ~8 FLOPs per element; bytes = o and z in, y out, weight.
 
 import torch
 from spark_bench.plugins.kda import weights as kda_weights
-from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
+from spark_bench.plugins.models import LONG_CONTEXT_T, kda_presets
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
 from spark_bench.compiled import add_torch_compile
@@ -63,7 +63,7 @@ op = Op(
         Axis("heads", [32, 16, 8, 4], quick=[3]),
         Axis("head_dim", [128], quick=[60]),
     ],
-    presets={"kimi-linear": {"heads": tp_slices(KIMI_LINEAR["heads"]), "head_dim": [KIMI_LINEAR["head_dim"]]}},
+    presets=kda_presets(("head_dim",), {"tokens": LONG_CONTEXT_T}),
     dtypes=["bf16", "fp32"],
     tolerance={"bf16": Tolerance(1e-3), "fp16": Tolerance(1e-3), "fp32": Tolerance(1e-4)},
 )

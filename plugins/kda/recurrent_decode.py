@@ -19,7 +19,7 @@ over the T columns (a 1-D index would make it write tokens t > 0 to the next seq
 import torch
 from spark_bench.plugins.kda import core_common as cc
 from spark_bench.plugins.kda import weights as kda_weights
-from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
+from spark_bench.plugins.models import kda_presets
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
 from spark_bench.check import untouched_slots
@@ -80,8 +80,7 @@ op = Op(
         Axis("head_dim_v", [128], quick=[48]),
         Axis("fused", [True, False], quick=[True], doc="q/k L2 norm, gate and beta sigmoid inside the kernel"),
     ],
-    presets={"kimi-linear": {"heads": tp_slices(KIMI_LINEAR["heads"]), "head_dim_k": [KIMI_LINEAR["head_dim"]],
-                             "head_dim_v": [KIMI_LINEAR["head_dim"]]}},
+    presets=kda_presets(("head_dim_k", "head_dim_v")),
     dtypes=["bf16", "fp16", "fp32"],
     quick_dtypes=["bf16"],
     tolerance={"bf16": Tolerance(5e-3), "fp16": Tolerance(5e-3), "fp32": Tolerance(1e-4)},

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from spark_bench.plugins.kda import block_common
 from spark_bench.plugins.kda import weights as kda_weights
 from spark_bench.plugins.kda.core_common import GPU_VARLEN
-from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
+from spark_bench.plugins.models import KIMI_LINEAR, LONG_PREFILL, kda_presets
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
 from spark_bench.compiled import add_torch_compile
@@ -103,7 +103,7 @@ op = Op(
         Axis("head_dim", [128], quick=[60]),
     ],
     constraints=[block_common.pattern_constraint(_batch, _seq_len)],
-    presets={"kimi-linear": {"heads": tp_slices(KIMI_LINEAR["heads"]), "head_dim": [KIMI_LINEAR["head_dim"]]}},
+    presets=kda_presets(("head_dim",), LONG_PREFILL),
     dtypes=["bf16", "fp32"],
     tolerance={"bf16": Tolerance(1e-3), "fp16": Tolerance(1e-3), "fp32": Tolerance(1e-4)},
     extra_info=block_common.sequence_info,

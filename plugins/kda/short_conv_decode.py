@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from spark_bench.plugins.kda import weights as kda_weights
 from spark_bench.plugins.kda.short_conv import WIDTH, conv_dim, conv_weight
-from spark_bench.plugins.models import KIMI_LINEAR, tp_slices
+from spark_bench.plugins.models import kda_presets
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
 from spark_bench.check import untouched_slots
@@ -77,7 +77,7 @@ op = Op(
         Axis("heads", [32, 16, 8, 4], quick=[3]),
         Axis("head_dim", [128], quick=[60]),
     ],
-    presets={"kimi-linear": {"heads": tp_slices(KIMI_LINEAR["heads"]), "head_dim": [KIMI_LINEAR["head_dim"]]}},
+    presets=kda_presets(("head_dim",)),
     dtypes=["bf16", "fp32"],
     tolerance={"bf16": Tolerance(1e-3), "fp16": Tolerance(1e-3), "fp32": Tolerance(1e-4)},
     outputs=outputs,
