@@ -101,14 +101,18 @@ def _op_table(op: str, rows: list[dict[str, Any]], fastest: dict[tuple, float]) 
     fixed = {k: v for k, v in rows[0]["params"].items() if all(r["params"].get(k, object()) == v for r in rows)}
     timers = {(r.get("timing") or {}).get("timer") for r in rows} - {None, ""}
     shared_timer = timers.pop() if len(timers) == 1 else None  # an untimed row (a failure) has no timer
+    weights = {r.get("weights") for r in rows}
+    shared_weights = weights.pop() if len(weights) == 1 else None  # else each row's labels name its own
     title = f"[bold]{escape(op)}[/]" + (f" [dim]{escape(fmt_params(fixed))}[/]" if fixed else "") \
-        + (f" [dim]· timer {escape(shared_timer)}[/]" if shared_timer else "")
+        + (f" [dim]· timer {escape(shared_timer)}[/]" if shared_timer else "") \
+        + (f" [dim]· weights {escape(shared_weights)}[/]" if shared_weights else "")
     cells = []
     for rec in rows:
         status = rec["status"]
         check = rec.get("check") or {}
         timer = (rec.get("timing") or {}).get("timer", "") if shared_timer is None else ""
-        labels = ", ".join([timer, *rec.get("labels", [])]).strip(", ")
+        own_weights = "" if shared_weights else rec.get("weights")  # not already in the title
+        labels = ", ".join(x for x in [timer, *rec.get("labels", []), own_weights] if x)
         varying = {k: v for k, v in rec["params"].items() if k not in fixed}
         median, best = _median(rec), fastest.get(_point(rec))
         ratio = fmt_num(median / best, 3) if median is not None and best else "-"
@@ -198,6 +202,12 @@ def failures_table(records: Sequence[dict[str, Any]]) -> Table | None:
     return table
 
 
+def weights_note(record: dict[str, Any]) -> str:
+    """' · weights <label>' for a case that ran on a weight file or routing trace (its record's `weights`), else ''."""
+    label = record.get("weights")
+    return f" · weights {label}" if isinstance(label, str) and label else ""
+
+
 def first_line(error: str | None) -> str:
     return error.splitlines()[0][:300] if error else ""
 
@@ -280,8 +290,8 @@ class SweepProgress:
             self.progress.update(self.task, completed=self.done - self.skipped, total=self.total - self.skipped,
                                  eta=f"{self.eta(elapsed):.0f}s")
             if record["status"] in FAILED:
-                detail = (f"{case.op} {backend_label(case)} {fmt_params(case.params)} {case.dtype}: "
-                          f"{record.get('error') or ''}")
+                detail = (f"{case.op} {backend_label(case)} {fmt_params(case.params)} {case.dtype}"
+                          f"{weights_note(record)}: {record.get('error') or ''}")
                 self.out.print(f"{status_markup(record['status'])} {escape(detail[:200])}")
             return
         if record["status"] == "skipped":
@@ -291,7 +301,7 @@ class SweepProgress:
         self._print_folded()
         self.out.print(f"[{self.done}/{self.total} {elapsed:.0f}s eta {self.eta(elapsed):.0f}s] "
                        f"{record['status']:8s} {case.op} {backend_label(case)} {fmt_params(case.params)} "
-                       f"{case.dtype} {latency_cell(record)} us",
+                       f"{case.dtype} {latency_cell(record)} us{weights_note(record)}",
                        markup=False, soft_wrap=True)  # one line per case in logs, however long
 
     def _print_folded(self) -> None:

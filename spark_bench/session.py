@@ -145,6 +145,23 @@ def shapes_note(spec: SweepSpec, cfg: TimingConfig | None = None) -> str:
     return f"  ({interpreted[2:]})" if interpreted else ""
 
 
+def weight_labels(cases: list[Case], spec: SweepSpec) -> dict[str, str]:
+    """{case_id: its weights label} (spark_bench/weights/label.py) when the sweep has a weight source, else {}."""
+    if not spec.weights:
+        return {}
+    from spark_bench.registry import registry
+    from spark_bench.weights.label import labels_of
+
+    return labels_of(cases, registry())
+
+
+def add_weights(record: dict[str, Any], labels: dict[str, str]) -> None:
+    """`weights`: the compact label of what the case ran on (absent for synthetic weights and without a source)."""
+    label = labels.get(record.get("case_id"))
+    if label:
+        record["weights"] = label
+
+
 def add_roofline(record: dict[str, Any], roofline: dict[str, Any] | None) -> None:
     """% of the measured and datasheet peaks, beside the achieved GB/s and TFLOP/s."""
     if record.get("status") == "ok" and roofline:
@@ -287,13 +304,15 @@ class Session:
                   markup=False, soft_wrap=True)  # one line, however long
         tele, _ = RunTelemetry.start(self.store.path, self.spec.device) if self.spec.device.startswith("cuda") \
             else (None, "CPU device")
+        labels = weight_labels(todo, self.spec)
         slots = getattr(executor, "slots", None) or [None]
         timeline = PhaseTimeline(tele, one_device=getattr(executor, "name", "local") != "ray" and len(slots) == 1)
         with SweepProgress(len(todo), out, expected=expected) as progress, timeline:
             roofline = self.store.read_run().get("roofline")
             Runner(self.store, self.cfg, timeout_s=self.timeout_s, device=self.spec.device,
                    on_phase=timeline.wrap(progress.phase), on_result=progress.result, executor=executor,
-                   decorate=lambda record: (add_roofline(record, roofline), timeline.annotate(record)),
+                   decorate=lambda record: (add_weights(record, labels), add_roofline(record, roofline),
+                                            timeline.annotate(record)),
                    confirm_crashes=confirm_crashes).run(todo)
         records = self.store.read_results()
         summary = results.summarize_statuses(records)

@@ -122,7 +122,8 @@ def test_compare_accepts_near_ties_and_rejects_real_mismatches():
 def test_quick_points_respect_group_constraints():
     points = OP.points(quick=True)
     assert points and all(OP.invalid_reason(p) is None for p in points)
-    assert OP.invalid_reason(params(1, experts=16, groups=4, topk_groups=4)) is not None
+    assert OP.invalid_reason(params(1, experts=16, groups=4, topk_groups=5)) is not None
+    assert OP.invalid_reason(params(1, experts=16, groups=4, topk_groups=4)) is None  # every group kept: plain top-k
     assert OP.invalid_reason(params(1, experts=16, topk=9, groups=4, topk_groups=2)) is not None
     assert OP.points(preset="deepseek-v3")[0]["groups"] == 8
 

@@ -106,8 +106,8 @@ CASES = {  # name: (the weights, a routing file or None, run's args, the line's 
     "no renorm": (kimi(config_patch={"moe_renormalize": False}), None, ["--op", "moe.experts", "--set",
                                                                        "routing=model"],
                   "moe_renormalize is False, but the MoE ops' router renormalises its top-k weights"),
-    "all groups kept": (kimi(config_patch={"num_expert_group": 2, "topk_group": 2}), None, ["--op", "moe.router"],
-                        "moe.router: no valid point on ", "topk_groups 2 must be 1 with 1 group"),
+    "groups of one": (kimi(config_patch={"num_expert_group": 8, "topk_group": 2}), None, ["--op", "moe.router"],
+                      "moe.router: no valid point on ", "8 experts do not split into groups of >= 2"),
     "conv width": (kimi(edit=_q_conv_width_3), None, ["--op", "kda.gate"],
                    "short conv widths model.layers.0.self_attn.q_conv1d.weight 3, "),
     "shared 1-d": (kimi(edit=_shared_gate_1d), None, [],
@@ -144,9 +144,9 @@ def test_damaged_files_are_one_line_exit_2(tmp_path, name):
     assert lines[0].startswith("spark-bench: error: ") and all(n in lines[0] for n in needles), lines[0]
 
 
-def test_all_groups_kept_is_a_note_under_a_glob(tmp_path):
+def test_a_constraint_the_file_breaks_is_a_note_under_a_glob(tmp_path):
     """A glob leaves out the ops a constraint empties (with the reason), instead of running none of their cases."""
-    index = kimi_checkpoint(tmp_path, layers=1, config_patch={"num_expert_group": 2, "topk_group": 2})
+    index = kimi_checkpoint(tmp_path, layers=1, config_patch={"num_expert_group": 8, "topk_group": 2})
     code, out, err = run_cli("run", "--weights", index, "--op", "moe.*", "--dry-run")
     assert code == 0 and "moe.router (no valid point on " in " ".join(err.split()), err
     assert "moe.experts torch" in out and "moe.router torch" not in out

@@ -128,8 +128,8 @@ def gguf_file(path: Path, layers: int = 2, D: int = 256, I: int = 256, E: int = 
               meta: dict | None = None, types: dict | None = None) -> Path:
     """A DeepSeek-style GGUF (arch deepseek2) with `layers` MoE layers: f32 router, exp_probs_b, Q2_K gate/up and Q3_K
     down experts (stacked) and shared expert, all quantized by plugins/quant/kquants.quantize. `meta` adds or
-    replaces deepseek2.* keys (value types as given); `types` stores named expert tensors (e.g. ffn_down_exps) in
-    another GGML type, as random bytes of its size."""
+    replaces deepseek2.* keys (value types as given, None: left out); `types` stores named expert tensors (e.g.
+    ffn_down_exps) in another GGML type, as random bytes of its size (valid blocks for q6_k: q6_k_blocks)."""
     import gguf
     from spark_bench.plugins.quant import kquants
 
@@ -137,6 +137,8 @@ def gguf_file(path: Path, layers: int = 2, D: int = 256, I: int = 256, E: int = 
     keys = {"expert_count": E, "expert_used_count": topk, "expert_group_count": 1, "expert_group_used_count": 1,
             "expert_weights_scale": 2.5, **(meta or {})}
     for key, value in keys.items():
+        if value is None:  # meta={key: None}: the file does not state it
+            continue
         add = {bool: w.add_bool, int: w.add_uint32, float: w.add_float32, str: w.add_string}[type(value)]
         add(f"deepseek2.{key}", value)
     Q2, Q3 = gguf.GGMLQuantizationType.Q2_K, gguf.GGMLQuantizationType.Q3_K
@@ -158,12 +160,28 @@ def gguf_file(path: Path, layers: int = 2, D: int = 256, I: int = 256, E: int = 
                 qtype = gguf.GGMLQuantizationType[types[name].upper()]
                 block, size = gguf.GGML_QUANT_SIZES[qtype]
                 blocks = torch.randint(0, 256, (*lead, rows, cols // block * size), generator=gen, dtype=torch.uint8)
+                if qtype == gguf.GGMLQuantizationType.Q6_K:  # valid blocks: sane scales, not random fp16 bytes
+                    blocks = q6_k_blocks(blocks, std)
             w.add_tensor(p + name + ".weight", blocks.numpy(), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def q6_k_blocks(raw: torch.Tensor, std: float) -> torch.Tensor:
+    """Random Q6_K blocks (ggml block_q6_K, 210 bytes: ql[128] | qh[64] | int8 scales[16] | fp16 d; w = d * scale_j *
+    (q - 32), q a 6-bit code) from random bytes `raw` [..., n * 210]: the codes stay random, the 16 scales are set to
+    +-(32..63) and d so that the weights have about `std` (gguf cannot quantize Q6_K; it dequantizes it)."""
+    blocks = raw.reshape(-1, 210).clone()
+    gen = torch.Generator().manual_seed(int(raw[..., :8].sum()))
+    magnitude = torch.randint(32, 64, (blocks.shape[0], 16), generator=gen)
+    sign = torch.randint(0, 2, (blocks.shape[0], 16), generator=gen) * 2 - 1
+    blocks[:, 192:208] = (magnitude * sign).to(torch.int8).view(torch.uint8)
+    d = torch.full((blocks.shape[0],), std / (48 * 18.5), dtype=torch.float16)  # |scale| ~48, |q - 32| ~18.5
+    blocks[:, 208:210] = d.view(torch.uint8).reshape(-1, 2)
+    return blocks.reshape(raw.shape)
 
 
 def routing_npy(path: Path, ids) -> Path:

@@ -22,6 +22,7 @@ import torch
 from spark_bench import Axis, Cost
 from spark_bench.dtypes import torch_dtype
 from spark_bench.inputs import generator, is_meta, randn, uniform
+from spark_bench.weights.config import DRAWN_SCALING
 
 ROUTINGS = ("uniform", "zipf", "worst", "fixed")
 REPLAY_ROUTINGS = ("model", "file")  # with --weights (the layer's router) / --routing FILE (docs/weights.md)
@@ -31,6 +32,7 @@ FIXED_SEED = 1234567
 RANKING_SEED = 7654321
 X_STD = 0.1  # activation std of the expert ops (vLLM's test scale, moe.md tolerances)
 W2_GAIN = 0.25
+DEFAULT_SCALING = DRAWN_SCALING  # routed scaling factor of drawn routing weights (DeepSeek-V3's and GLM-4.5's)
 
 
 def draw_topk_ids(routing: str, T: int, E: int, K: int, gen: torch.Generator, device) -> torch.Tensor:
@@ -51,7 +53,7 @@ def draw_topk_ids(routing: str, T: int, E: int, K: int, gen: torch.Generator, de
 
 
 def draw_routing(routing: str, T: int, E: int, K: int, gen: torch.Generator, device,
-                 scaling: float = 2.5) -> tuple[torch.Tensor, torch.Tensor]:
+                 scaling: float = DEFAULT_SCALING) -> tuple[torch.Tensor, torch.Tensor]:
     """(topk_ids [T, K] int32, topk_weights [T, K] f32): ids from `routing`, weights like a sigmoid router's
     (normalised scores in [0.05, 1) times `scaling`)."""
     ids = draw_topk_ids(routing, T, E, K, gen, device)
@@ -268,10 +270,12 @@ def layer_activations(src, T: int, gen: torch.Generator, dtype, device) -> torch
 
 
 def router_config(src) -> dict:
-    """groups, topk_groups and routed_scaling_factor the file states (1, 1, 1.0 where it does not)."""
+    """groups and topk_groups the file states (1 where it does not) and the routed scaling factor of the source
+    (LayerSource.scaling): the file's, else its family's default (spark_bench/weights/config.py; moe.router and
+    moe.layer get the same value), else, without a layer (a routing file alone), DEFAULT_SCALING."""
     cfg = src.moe.config if src.moe is not None else {}
     return {"groups": cfg.get("groups", 1), "topk_groups": cfg.get("topk_groups", 1),
-            "routed_scaling_factor": cfg.get("routed_scaling_factor", 1.0)}
+            "routed_scaling_factor": src.scaling[0]}
 
 
 def model_routing(src, x: torch.Tensor, K: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,11 +302,11 @@ def replay_routing(p, src, gen: torch.Generator, device, *, dtype="bf16", x=None
         trace = src.routing
         ids, weights = torch_window(trace, T, trace.offset_for(seed), device)
         if weights is None:
-            scale = router_config(src)["routed_scaling_factor"] if src.moe is not None else 2.5
+            scale = router_config(src)["routed_scaling_factor"]
             scores = uniform((T, K), gen, 0.05, 1.0, device=device)
             weights = scores / scores.sum(dim=1, keepdim=True) * scale
         return ids.to(torch.int32), weights.float()
-    return draw_routing(p["routing"], T, E, K, gen, device)
+    return draw_routing(p["routing"], T, E, K, gen, device, scaling=router_config(src)["routed_scaling_factor"])
 
 
 def replay_experts_hit(routing: str, T: int, E: int, K: int) -> float:
@@ -317,15 +321,22 @@ def replay_experts_hit(routing: str, T: int, E: int, K: int) -> float:
     return float(torch.unique(ids).numel())
 
 
-def moe_fixed(*axes, fmt: str | None = None, inter: str = "inter", need_shared: bool = False):
+def moe_fixed(*axes, fmt: str | None = None, inter: str = "inter", need_shared: bool = False,
+              shared_only: bool = False):
     """Op.from_weights.fixed of an MoE op: the file's values of `axes` (those it states), `inter` read from `inter`
-    (shared_inter for the shared expert); fmt: the expert format the op takes."""
+    (shared_inter for the shared expert); fmt: the expert format the op takes; need_shared: the op runs the shared
+    expert (refused when the layer has none, or one in a type the ops cannot take); shared_only: it runs nothing else
+    (its `format` is the shared expert's)."""
     def fixed(shapes):
         if fmt is not None and shapes["format"] != fmt:
             other = "moe.experts_gguf" if shapes["format"] == "q2k_q3k" else "moe.experts"
             return f"takes {fmt} experts, the layer's are {shapes['format']} (use {other})"
         if need_shared and shapes["shared_inter"] is None:
             return "the layer has no shared expert"
+        if need_shared and shapes.get("shared_problem"):
+            return f"runs the shared expert, but {shapes['shared_problem']}"
+        if shared_only:
+            shapes = {**shapes, "format": shapes["shared_format"]}
         if need_shared and inter == "inter" and shapes["shared_inter"] != shapes["inter"]:
             return (f"has one inter axis, but the layer's routed experts are {shapes['inter']} wide and its shared "
                     f"expert {shapes['shared_inter']}")
@@ -338,9 +349,9 @@ def moe_fixed(*axes, fmt: str | None = None, inter: str = "inter", need_shared: 
     return fixed
 
 
-def moe_binding(make_inputs, fixed, redraw=None):
+def moe_binding(make_inputs, fixed, redraw=None, uses=()):
     """A FromWeights of an MoE op: make_inputs(p, src, gen, *, device, dtype, seed, factory) runs for any active
-    source (a routing file alone too)."""
+    source (a routing file alone too); `uses`: FromWeights.uses (what the case's weights label names)."""
     from spark_bench.weights import FromWeights
 
     def from_file(p, src, *, device, dtype, seed, factory):
@@ -349,7 +360,7 @@ def moe_binding(make_inputs, fixed, redraw=None):
     def redraw_fn(p, src, *, device, dtype, seed, factory):
         return redraw(p, src, generator(device, seed), device=device, dtype=dtype, seed=seed, factory=factory)
 
-    return FromWeights("moe", fixed, from_file, redraw_fn if redraw else None)
+    return FromWeights("moe", fixed, from_file, redraw_fn if redraw else None, uses=tuple(uses))
 
 
 def experts_from_file(p, src, gen, *, device, dtype, seed, factory, names=("w13", "w2")):
@@ -370,7 +381,7 @@ def experts_from_file(p, src, gen, *, device, dtype, seed, factory, names=("w13"
 def redraw_from_file(p, src, gen, *, device, dtype, seed, factory):
     """Op.redraw under a source: another routing of the same kind (model: of fresh activations; file: another
     window of the trace)."""
-    if p["routing"] not in REPLAY_ROUTINGS:
+    if p["routing"] not in REPLAY_ROUTINGS and not src.has_layer:
         return redraw_routing(p, device=device, dtype=dtype, seed=seed)
-    ids, weights = replay_routing(p, src, gen, device, dtype=dtype, seed=seed)
+    ids, weights = replay_routing(p, src, gen, device, dtype=dtype, seed=seed)  # a draw: at the layer's scaling
     return {"topk_ids": ids, "topk_weights": weights}

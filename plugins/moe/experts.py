@@ -105,7 +105,8 @@ def cost(p, dtype):
 op = Op(
     name="moe.experts",
     doc=__doc__,
-    from_weights=moe_binding(experts_from_file, moe_fixed(*EXPERT_AXES, fmt="bf16"), redraw_from_file),
+    from_weights=moe_binding(experts_from_file, moe_fixed(*EXPERT_AXES, fmt="bf16"), redraw_from_file,
+                             uses=("scaling",)),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,

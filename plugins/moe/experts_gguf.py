@@ -92,7 +92,7 @@ op = Op(
     name="moe.experts_gguf",
     doc=__doc__,
     from_weights=moe_binding(functools.partial(experts_from_file, names=("w13_q", "w2_q")),
-                             moe_fixed(*EXPERT_AXES, fmt="q2k_q3k"), redraw_from_file),
+                             moe_fixed(*EXPERT_AXES, fmt="q2k_q3k"), redraw_from_file, uses=("scaling",)),
     make_inputs_fn=make_inputs,
     reference=reference_experts_gguf,
     cost=cost,

@@ -4,8 +4,9 @@
 
 Calling convention: backend(x=[T, D] bf16, gate_w, gate_bias, gate_bias_host, topk, groups, topk_groups,
 routed_scaling_factor (as moe.router), w13, w2 (routed, as moe.experts / moe.experts_gguf for `format`),
-shared_w13=[1, 2I, D], shared_w2=[1, D, I] (same format), shared_ids=[T, 1] zeros, shared_weights=[T, 1] ones,
-format) -> out [T, D] bf16. Every backend declares `stages` for the per-stage breakdown: router, experts,
+shared_w13=[1, 2I, D], shared_w2=[1, D, I] (in shared_format: `format`, or bf16 for a file's shared expert stored
+in a type the ops do not take, dequantized at load), shared_ids=[T, 1] zeros, shared_weights=[T, 1] ones, format,
+shared_format) -> out [T, D] bf16. Every backend declares `stages` for the per-stage breakdown: router, experts,
 shared_expert, add; or, for triton with the shared expert stacked after the routed ones (make_inputs stacks them:
 common.stack_shared), router (K routed slots + the shared one, in one launch) and experts (routed and shared in
 one set of expert launches; the slots summed in fp32, so no add). Backends: triton (all ours), triton_host (the
@@ -44,12 +45,12 @@ def make_inputs(p, *, device, dtype, seed):
         "topk": p["topk"], "groups": p["groups"], "topk_groups": p["topk_groups"],
         "routed_scaling_factor": p["routed_scaling_factor"],
         "w13": w13, "w2": w2, "shared_w13": shared_w13, "shared_w2": shared_w2,
-        "shared_ids": shared_ids, "shared_weights": shared_weights, "format": fmt,
+        "shared_ids": shared_ids, "shared_weights": shared_weights, "format": fmt, "shared_format": fmt,
     }
 
 
 def _shared(kind, inputs):
-    x, fmt = inputs["x"], inputs["format"]
+    x, fmt = inputs["x"], inputs.get("shared_format", inputs["format"])
     if kind == "torch":
         return shared_expert.torch_shared(x, inputs["shared_w13"], inputs["shared_w2"], fmt)
     return common.experts_impl(kind, fmt)(x, inputs["shared_ids"], inputs["shared_weights"], inputs["shared_w13"],
@@ -139,7 +140,8 @@ def compare(out, ref, inputs, dtype):
 def cost(p, dtype):
     T, D, E, K, I = p["tokens"], p["hidden"], p["experts"], p["topk"], p["inter"]
     b13, b2 = common.format_bytes(p["format"])
-    weights = 2 * E * D + 4 * E + (common.experts_hit_uniform(T, E, K) + 1) * I * D * (2 * b13 + b2)
+    s13, s2 = common.format_bytes(_shared_format(p["format"]))
+    weights = 2 * E * D + 4 * E + I * D * (common.experts_hit_uniform(T, E, K) * (2 * b13 + b2) + 2 * s13 + s2)
     flops = 2 * T * E * D + 8 * T * E + 6 * T * (K + 1) * I * D + T * D
     return Cost(flops=flops, bytes=weights + 4 * T * D, tokens=T)
 
@@ -149,8 +151,17 @@ def extra_info(inputs, p):
     return common.routing_load(ids, p["experts"])
 
 
+def _shared_format(fmt):
+    """The shared expert's format in a case: the active layer's (bf16 when dequantized at load), else `fmt`."""
+    from spark_bench.weights import active
+
+    src = active()
+    return src.moe.dims["shared_format"] if src is not None and src.moe is not None else fmt
+
+
 def from_file(p, src, gen, *, device, dtype, seed, factory):
-    """--weights: the whole layer from the file (router, routed and shared experts) on activations as it sees them."""
+    """--weights: the whole layer from the file (router, routed and shared experts) on activations as it sees them;
+    a shared expert in a type the ops do not take comes dequantized to bf16 (the case's weights label says so)."""
     if not src.has_layer:
         return factory(p, device=device, dtype=dtype, seed=seed)
     r, experts, shared = (src.moe_part(part, device) for part in ("router", "experts", "shared"))
@@ -162,6 +173,7 @@ def from_file(p, src, gen, *, device, dtype, seed, factory):
         "routed_scaling_factor": p["routed_scaling_factor"],
         "w13": experts["w13"], "w2": experts["w2"], "shared_w13": shared["w13"], "shared_w2": shared["w2"],
         "shared_ids": shared_ids, "shared_weights": shared_weights, "format": p["format"],
+        "shared_format": src.moe.dims["shared_format"],
     }
 
 
@@ -169,7 +181,7 @@ op = Op(
     name="moe.layer",
     doc=__doc__,
     from_weights=common.moe_binding(from_file, common.moe_fixed(*common.ROUTER_AXES, "inter", "format",
-                                                                need_shared=True)),
+                                                                need_shared=True), uses=("shared", "scaling")),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,

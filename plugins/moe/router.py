@@ -2,6 +2,7 @@
 
     logits = x.float() @ gate_w.float().T;  scores = sigmoid(logits);  choice = scores + gate_bias
     groups > 1: keep the topk_groups groups with the best top-2 sums of `choice`, the rest -> -inf
+                (topk_groups == groups keeps every group: plain top-k over the experts, a valid config)
     ids = topk(choice, K);  w = scores[ids] / sum * routed_scaling_factor
 
 Calling convention: backend(x=[T, D] bf16, gate_w=[E, D] bf16, gate_bias=[E] f32 (device), gate_bias_host=[E] f32
@@ -77,7 +78,7 @@ def near_tie_mask(x, gate_w, gate_bias, topk, groups, topk_groups, tol=NEAR_TIE)
     _, masked, gscore, _, _ = biased_choice(x, gate_w, gate_bias, groups, topk_groups)
     top = masked.topk(min(topk + 1, masked.shape[1]), dim=-1).values
     near = (top[:, topk - 1] - top[:, topk] < tol) if top.shape[1] > topk else torch.zeros_like(top[:, 0], dtype=bool)
-    if groups > 1:
+    if 1 < groups and topk_groups < groups:  # all groups kept: no group boundary to be near
         g = gscore.sort(dim=-1, descending=True).values
         near |= g[:, topk_groups - 1] - g[:, topk_groups] < tol
     return near.cpu()
@@ -143,8 +144,8 @@ def valid_groups(p):
     G, TG, E, K = p["groups"], p["topk_groups"], p["experts"], p["topk"]
     if E % G or (G > 1 and E // G < 2):
         return f"{E} experts do not split into groups of >= 2 ({G} groups)"
-    if not (TG == G == 1 or 1 <= TG < G):
-        return f"topk_groups {TG} must be 1 with 1 group, else in [1, groups)"
+    if not 1 <= TG <= G:
+        return f"topk_groups {TG} must be in [1, groups = {G}]"
     if K > TG * (E // G):
         return f"topk {K} exceeds the {TG * (E // G)} experts of the kept groups"
     return None
@@ -166,7 +167,7 @@ def from_file(p, src, gen, *, device, dtype, seed, factory):
 op = Op(
     name="moe.router",
     doc=__doc__,
-    from_weights=moe_binding(from_file, moe_fixed(*ROUTER_AXES)),
+    from_weights=moe_binding(from_file, moe_fixed(*ROUTER_AXES), uses=("scaling",)),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,

@@ -68,7 +68,8 @@ def cost(p, dtype):
 
 
 def from_file(p, src, gen, *, device, dtype, seed, factory):
-    """--weights: the layer's shared expert (bf16 or its Q2_K/Q3_K blocks) on activations as the layer sees them."""
+    """--weights: the layer's shared expert (bf16, its Q2_K/Q3_K blocks, or another GGUF type dequantized to bf16 at
+    load: the case's weights label says so) on activations as the layer sees them."""
     if not src.has_layer:
         return factory(p, device=device, dtype=dtype, seed=seed)
     shared = src.moe_part("shared", device)
@@ -81,7 +82,7 @@ op = Op(
     name="moe.shared_expert",
     doc=__doc__,
     from_weights=common.moe_binding(from_file, common.moe_fixed("hidden", "inter", "format", inter="shared_inter",
-                                                           need_shared=True)),
+                                                           need_shared=True, shared_only=True), uses=("shared",)),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,

@@ -4,6 +4,17 @@ type-checked and checked against the layer's router: each problem is one WeightE
 What the ops implement (plugins/moe/router.py) is DeepSeek-V3's router: sigmoid scores, renormalised top-k weights.
 A file that states another scoring function or no renormalisation is read, but its routing cannot be replayed
 (`mismatch` says why; routing=model refuses it).
+
+The routed scaling factor of a file that does not state one is the value its family's reference code takes when the
+key is absent (`routed_scaling`), so that routing=model and the ops with a routed_scaling_factor axis use one value:
+  deepseek-v3  2.5: transformers' DeepseekV3Config defaults routed_scaling_factor to 2.5 (DeepSeek-V3's own
+               config.json states 2.5 too; its inference/model.py ModelArgs.route_scale defaults to 1.0, but that
+               code reads its own configs, not an HF config.json)
+  kimi-linear  1.0: Kimi-Linear's KimiLinearConfig (configuration_kimi.py) defaults routed_scaling_factor to 1.0
+               (Kimi-Linear-48B-A3B's config.json states 2.446)
+  gguf         unknown: llama.cpp's deepseek2 loader requires {arch}.expert_weights_scale and refuses a file without
+               it, so there is no reference value; 1.0 (the renormalised weights unscaled) is used and said so
+A case says which value it used and where it came from (spark_bench/weights/label.py).
 """
 
 from __future__ import annotations
@@ -15,6 +26,11 @@ from typing import Any
 from spark_bench.weights.errors import WeightError
 
 GGUF_SIGMOID = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+# family -> the routed scaling factor its reference code uses when the config does not state one (None: unknown)
+SCALING_DEFAULTS: dict[str, float | None] = {"deepseek-v3": 2.5, "kimi-linear": 1.0, "gguf": None}
+UNKNOWN_SCALING = 1.0  # used, and said so, when the family's default is unknown
+DRAWN_SCALING = 2.5  # the MoE ops' own routed scaling factor (DeepSeek-V3's, GLM-4.5's): synthetic routing weights,
+# and those drawn for a routing file without weights when there is no layer
 
 
 @dataclasses.dataclass
@@ -82,3 +98,14 @@ def check_router(config: Stated, experts: int, where: str) -> None:
     if v.get("topk", 0) > reachable:
         raise WeightError(f"{where}: {label['topk']} is {v['topk']}, more than the {reachable} routed experts the "
                           f"router can pick ({experts} experts, {kept} of {groups} groups kept)")
+
+
+def routed_scaling(config: Stated, family) -> tuple[float, str]:
+    """(the routed scaling factor the ops use for this file, where it comes from): the stated value ("<file> <key>"),
+    else the family's default (module docstring), else UNKNOWN_SCALING with the word that the default is unknown."""
+    if "routed_scaling_factor" in config.values:
+        return config.values["routed_scaling_factor"], config.labels["routed_scaling_factor"]
+    default = SCALING_DEFAULTS.get(family.name)
+    if default is not None:
+        return default, f"{family.name} default, not in the file"
+    return UNKNOWN_SCALING, f"not in the file, {family.name} default unknown"

@@ -43,12 +43,15 @@ class FromWeights:
     make_inputs(params, src, *, device, dtype, seed, factory) -> the op's inputs from the source; `factory` is the
         op's own random factory (for the inputs the file does not give, or when the source is a routing file only).
     redraw(params, src, *, device, dtype, seed, factory) -> just the rotated inputs of another timed set.
+    uses: see the field.
     """
 
     family: str
     fixed: Callable[[dict[str, Any]], dict[str, Any] | str]
     make_inputs: Callable[..., dict[str, Any]]
     redraw: Callable[..., dict[str, Any]] | None = None
+    uses: tuple[str, ...] = ()  # what a case's label names besides the file and layer (weights/label.py):
+    # "shared" (the op runs the shared expert), "scaling" (its routing weights carry the routed scaling factor)
 
 
 def make_spec(path: str | None, layer: int | None, routing: str | None,
@@ -79,6 +82,8 @@ class LayerSource:
         self.moe: MoePlan | None = None
         self.layer = spec.get("layer")
         self.router_mismatch: str | None = None
+        # the routed scaling factor the ops use with this source, and its origin (config.routed_scaling)
+        self.scaling: tuple[float, str] = (config.DRAWN_SCALING, "ops' default")
         if not spec.get("path"):
             return
         self.reader = open_weights(spec["path"])
@@ -110,6 +115,7 @@ class LayerSource:
             config.check_router(router, self.moe.dims["E"], self.where)
         self.router_mismatch = router.mismatch  # the file's router is not the ops' (routing=model refuses it)
         self.router_stated = router.values  # what the ops read from the file besides tensors (in the hash)
+        self.scaling = config.routed_scaling(router, self.family)  # (value, where it comes from): config.py
         self._loaded: dict[Any, Any] = {}
 
     def _holds(self, prefix: str, what: str = "the layer") -> str:
@@ -171,6 +177,7 @@ class LayerSource:
                 "layer": self.layer, "files": files, "size_bytes": sum(f["size_bytes"] for f in files),
                 "tensors": len(names), "layer_bytes": layer_bytes, "sha256": h.hexdigest(),
                 "router": self.router_stated,
+                "routed_scaling": {"value": self.scaling[0], "from": self.scaling[1]} if self.moe else None,
                 "kda": self.kda.shapes() if self.kda else None, "moe": self.moe.shapes() if self.moe else None,
             })
         if self.routing is not None:

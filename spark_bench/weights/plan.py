@@ -6,6 +6,8 @@ Rules (docs/weights.md):
   that the layer cannot feed are left out; an op named exactly is an error.
 - The axes the file fixes (heads, head dims, hidden, experts, inter, format, and topk/groups/scaling where the file
   states them) cannot be set: `--set heads=4` is an error naming the file's value. `--preset` is refused with --weights.
+  Where the file does not state them, groups and topk_groups are 1 and routed_scaling_factor is the value routing=model
+  uses (its family's default, weights/config.py); `--set` may change those.
 - routing=file needs --routing FILE; routing=model needs --weights with an MoE layer. A routing file fixes topk and
   its ids must be below the experts of every point (the file's E with --weights).
 """
@@ -106,7 +108,8 @@ def _why_not(op, src) -> str | None:
 
 
 def _router_axes(op, src, spec, axes) -> None:
-    """topk must be known (from the file or --set); groups default to 1 when the file does not state them."""
+    """topk must be known (from the file or --set); groups default to 1 and the routed scaling factor to the one
+    routing=model uses (LayerSource.scaling) when the file does not state them."""
     if op.from_weights.family != "moe":
         return
     sets = op_overrides(spec.overrides, op.name)
@@ -114,7 +117,7 @@ def _router_axes(op, src, spec, axes) -> None:
             not (src.routing and "routing" in op.axis_names):
         raise WeightError(f"{src.where}: the file does not state the router's top-k (no config.json beside a "
                           f"safetensors checkpoint, no expert_used_count in a GGUF): give --set topk=K")
-    for axis, value in ROUTER_DEFAULTS.items():
+    for axis, value in {**ROUTER_DEFAULTS, "routed_scaling_factor": src.scaling[0]}.items():
         if axis in op.axis_names and axis not in axes and axis not in sets:
             axes[axis] = [value]
 

@@ -7,7 +7,9 @@ rejected, never broadcast), b_proj [H, D], g_a [Vg, D], g_b [H*V, Vg], o_norm [V
 b_proj, K and V from the projections.
 MoE (moe.md): gate_w [E, D] (float), gate_bias [E] f32, routed experts w1, w3 [I, D] and w2 [D, I] per expert (HF)
 or stacked [E, I, D] / [E, D, I] (GGUF), shared expert w1, w3 [Is, D], w2 [D, Is]; experts either all float (run as
-bf16) or Q2_K w1/w3 with Q3_K w2 (K-quant rows: D and I multiples of 256); an optional pre-MoE norm [D].
+bf16) or Q2_K w1/w3 with Q3_K w2 (K-quant rows: D and I multiples of 256); the shared expert in either format of its
+own, or (GGUF) any type the gguf package dequantizes, then dequantized to bf16 at load (`_shared_format`: a type it
+cannot take refuses only the ops that run it); an optional pre-MoE norm [D].
 Every problem is a WeightError naming the tensor.
 """
 
@@ -156,7 +158,8 @@ class MoePlan:
     def shapes(self) -> dict[str, Any]:
         d = self.dims
         return {"hidden": d["D"], "experts": d["E"], "inter": d["I"], "shared_inter": d["Is"], "format": d["format"],
-                **self.config}
+                "shared_format": d["shared_format"], "shared_stored": d["shared_stored"],
+                "shared_problem": d["shared_problem"], **self.config}
 
 
 def _format_of(infos: list[TensorInfo], where: str, what: str) -> str:
@@ -169,6 +172,38 @@ def _format_of(infos: list[TensorInfo], where: str, what: str) -> str:
     listing = ", ".join(f"{i.name} {i.dtype}" for i in infos)
     raise WeightError(f"{where}: {what} are {listing}; the MoE ops take float (bf16/f16/f32) experts or GGUF Q2_K "
                       "w1/w3 with Q3_K w2")
+
+
+def _shared_format(infos: list[TensorInfo], file_format: str) -> dict[str, str | None]:
+    """How the ops take the shared expert: shared_format bf16 or q2k_q3k (as the routed experts' formats), with
+    shared_stored naming the stored GGML types when they are dequantized to bf16 at load (a Q6_K shared expert of a
+    mixed "XL" GGUF: what an engine that runs bf16 or Q2_K/Q3_K shared experts does with it), or shared_problem: why
+    the ops that run the shared expert cannot take it (the other MoE ops do not use it and are not refused)."""
+    kinds = [i.dtype for i in infos]
+    if all(k in FLOAT_DTYPES for k in kinds) or kinds in (["q2_k", "q2_k", "q3_k"],):
+        return {"shared_format": "bf16" if kinds[0] in FLOAT_DTYPES else "q2k_q3k", "shared_stored": None,
+                "shared_problem": None}
+    listing = ", ".join(f"{i.name} {i.dtype}" for i in infos)
+    if file_format == "gguf" and all(k in FLOAT_DTYPES or gguf_dequantizes(k) for k in kinds):
+        return {"shared_format": "bf16", "shared_stored": "/".join(dict.fromkeys(kinds)), "shared_problem": None}
+    return {"shared_format": None, "shared_stored": None,
+            "shared_problem": f"its shared expert is {listing}: not float or Q2_K w1/w3 with Q3_K w2 (what the ops "
+                              "take), nor a type the gguf package dequantizes"}
+
+
+def gguf_dequantizes(dtype: str) -> bool:
+    """Whether the `gguf` package dequantizes GGML type `dtype` (tried on one zero block)."""
+    import gguf
+    import numpy as np
+
+    qtype = getattr(gguf.GGMLQuantizationType, dtype.upper(), None)
+    if qtype is None:
+        return False
+    try:
+        gguf.quants.dequantize(np.zeros((1, gguf.GGML_QUANT_SIZES[qtype][1]), dtype=np.uint8), qtype)
+    except (NotImplementedError, ValueError, TypeError):
+        return False
+    return True
 
 
 def plan_moe(reader: Reader, family: Family, layer: int, where: str, config: dict[str, Any]) -> MoePlan | None:
@@ -209,12 +244,10 @@ def plan_moe(reader: Reader, family: Family, layer: int, where: str, config: dic
                 lists[role].append(info.name)
         names.update(lists)
     shared = [n.find(family.moe[r]) for r in ("shared_w1", "shared_w3", "shared_w2")]
-    Is = None
+    Is, shared_dims = None, {"shared_format": None, "shared_stored": None, "shared_problem": None}
     if any(shared):
         s1, s3, s2 = (n.need(r, family.moe[r], "shared expert") for r in ("shared_w1", "shared_w3", "shared_w2"))
-        sfmt = _format_of([s1, s3, s2], where, "the shared expert's weights")
-        if sfmt != fmt:
-            raise WeightError(f"{where}: the shared expert is {sfmt} but the routed experts are {fmt}")
+        shared_dims = _shared_format([s1, s3, s2], reader.format)
         if len(s1.shape) != 2:
             raise WeightError(f"{where}: {s1.name} has shape {_shape(s1)}, expected [Is, D = {D}] (shared expert gate)")
         Is = s1.shape[0]
@@ -222,14 +255,17 @@ def plan_moe(reader: Reader, family: Family, layer: int, where: str, config: dic
         _expect(s3, [Is, D], where, "shared expert up [Is, D]")
         _expect(s2, [D, Is], where, "shared expert down [D, Is]")
         names.update(shared_w1=s1.name, shared_w3=s3.name, shared_w2=s2.name)
-    if fmt == "q2k_q3k" and (D % QK_K or I % QK_K or (Is or 0) % QK_K):
+    if fmt == "q2k_q3k" and (D % QK_K or I % QK_K):
         raise WeightError(f"{where}: K-quant experts need hidden and inter multiples of {QK_K} (D={D}, I={I})")
+    if shared_dims["shared_format"] == "q2k_q3k" and (D % QK_K or Is % QK_K):
+        raise WeightError(f"{where}: a K-quant shared expert needs hidden and inter multiples of {QK_K} (D={D}, "
+                          f"Is={Is})")
     norm = n.find(family.moe["norm"])
     if norm is not None:
         _float(norm, where, "norm")
         _expect(norm, [D], where, "the pre-MoE RMSNorm weight")
     names["norm"] = norm.name if norm is not None else None
-    return MoePlan(names, {"D": D, "E": E, "I": I, "Is": Is, "format": fmt}, config)
+    return MoePlan(names, {"D": D, "E": E, "I": I, "Is": Is, "format": fmt, **shared_dims}, config)
 
 
 # --- loading ------------------------------------------------------------------------------------------------------
@@ -276,9 +312,31 @@ def load_moe_part(reader: Reader, plan: MoePlan, part: str) -> dict[str, torch.T
     if part == "shared":
         if "shared_w1" not in names:
             raise WeightError("the layer has no shared expert")
-        w13 = torch.cat([weight(names["shared_w1"]), weight(names["shared_w3"])])[None]
-        return {"w13": w13.contiguous(), "w2": weight(names["shared_w2"])[None].contiguous()}
+        if plan.dims["shared_problem"]:
+            raise WeightError(f"the layer's shared expert cannot be loaded: {plan.dims['shared_problem']}")
+
+        def shared(name):
+            if plan.dims["shared_stored"]:  # dequantized to bf16 at load (gguf package)
+                return _dequantize_gguf(reader, name)
+            t = reader.load(name)
+            return t if plan.dims["shared_format"] == "q2k_q3k" else t.to(torch.bfloat16)
+
+        w13 = torch.cat([shared(names["shared_w1"]), shared(names["shared_w3"])])[None]
+        return {"w13": w13.contiguous(), "w2": shared(names["shared_w2"])[None].contiguous()}
     raise KeyError(part)
+
+
+def _dequantize_gguf(reader: Reader, name: str) -> torch.Tensor:
+    """One GGUF tensor as bf16: float types converted, quantized ones through gguf.quants.dequantize."""
+    info = reader.info(name)
+    t = reader.load(name)
+    if info.dtype in FLOAT_DTYPES:
+        return t.to(torch.bfloat16)
+    import gguf
+
+    qtype = getattr(gguf.GGMLQuantizationType, info.dtype.upper())
+    values = gguf.quants.dequantize(t.numpy(), qtype)
+    return torch.from_numpy(values).reshape(info.shape).to(torch.bfloat16)
 
 
 def layer_tensor_names(plan_kda_: KdaPlan | None, plan_moe_: MoePlan | None) -> list[str]:
