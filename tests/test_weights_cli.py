@@ -151,10 +151,12 @@ def test_pytest_plugin_takes_the_layer(pytester, files, tmp_path):
     ckpt = tmp_path / "kimi"
     shutil.copytree(files["kimi"].parent, ckpt)
     result = pytester.runpytest("--spark-op", "kda.gate", "--spark-backend", "torch", "--spark-weights", str(ckpt),
-                                "--spark-layer", "1", "--spark-set", "tokens=5", "--benchmark-disable",
-                                "-v", "-p", "no:cacheprovider")
+                                "--spark-layer", "1", "--spark-set", "tokens=5", "--spark-max-time", "0.05",
+                                "--benchmark-json", "bench.json", "-v", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*gate?torch-bf16-T5-H2-Dh16?*PASSED*"])
+    extra = json.loads((pytester.path / "bench.json").read_text())["benchmarks"][0]["extra_info"]
+    assert extra["weights"] == "kimi L1"  # the case's label, as `spark-bench run` records it
     result = pytester.runpytest("--spark-op", "kda.gate", "--spark-weights", str(ckpt), "--spark-layer", "1",
                                 "--spark-set", "heads=4", "-p", "no:cacheprovider")
     assert result.ret != 0

@@ -127,6 +127,11 @@ def _case_test(case: Any, state: Any):
 
 def run_case(case: Any, state: Any, benchmark: Any, item: pytest.Item) -> None:
     record = state.runner.run(case, state.timing_config(case.device, minimal=not benchmark.enabled))
+    if case.weights:  # what the case ran on, as `spark-bench run` labels its records (weights/label.py)
+        from spark_bench.weights.label import labels_of
+
+        label = labels_of([case], state.registry()).get(case.case_id)
+        record["weights"] = label
     benchmark.extra_info.update(case_info(record, state))
     status = record["status"]
     if status != "ok":
@@ -158,6 +163,8 @@ def case_info(record: dict[str, Any], state: Any) -> dict[str, Any]:
         "check": {k: check.get(k) for k in ("ok", "err_ratio", "max_abs", "cosine")} if check else None,
         "cost": record.get("cost"), "gbps": record.get("gbps"), "tflops": record.get("tflops"),
     }
+    if record.get("weights"):
+        info["weights"] = record["weights"]
     if timing:
         info.update(timing_info(timing))
         info["roofline"] = record.get("roofline") or roofline_pct(state, record)
