@@ -74,6 +74,14 @@ def _shared_gate_1d(t):
     t[PRE + "block_sparse_moe.shared_experts.gate_proj.weight"] = torch.ones(64, dtype=torch.bfloat16)
 
 
+def _nan_a_log(t):
+    t[PRE + "self_attn.A_log"].view(-1)[1] = float("nan")
+
+
+def _inf_router_bias(t):
+    t[PRE + "block_sparse_moe.gate.e_score_correction_bias"][3] = float("inf")
+
+
 def _renamed(t):  # a layer under names no family maps
     for name in list(t):
         t[name.replace(".self_attn.", ".attn.").replace(".block_sparse_moe.", ".moe.")] = t.pop(name)
@@ -142,6 +150,20 @@ def test_damaged_files_are_one_line_exit_2(tmp_path, name):
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "Traceback" not in out + err, err
     assert lines[0].startswith("spark-bench: error: ") and all(n in lines[0] for n in needles), lines[0]
+
+
+@pytest.mark.parametrize(("edit", "op", "needle"), [
+    (_nan_a_log, "kda.gate", "model.layers.0.self_attn.A_log holds 1 non-finite value(s) (first nan at index 1)"),
+    (_inf_router_bias, "moe.router", "e_score_correction_bias holds 1 non-finite value(s) (first inf at index 3)"),
+])
+def test_a_non_finite_f32_parameter_refuses_the_run(tmp_path, edit, op, needle):
+    """Read on the bytes the layer hash reads when the run starts (a dry run reads no tensor): NaN in A_log used to
+    surface as a mismatch of every case."""
+    code, out, err = run_cli("run", "--weights", kimi(edit=edit)(tmp_path / "w"), "--op", op, "--backend", "torch",
+                             "--out", tmp_path / "run", "--no-report", "--executor", "inprocess")
+    lines = err.strip().splitlines()
+    assert code == 2 and "Traceback" not in out + err, err
+    assert lines[-1].startswith("spark-bench: error: ") and needle in lines[-1], lines[-1]
 
 
 def test_a_constraint_the_file_breaks_is_a_note_under_a_glob(tmp_path):

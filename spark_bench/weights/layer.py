@@ -20,6 +20,7 @@ from spark_bench.weights.formats import WeightError, open_weights
 from spark_bench.weights.names import detect_family, layers_in
 from spark_bench.weights.routing import load_routing
 from spark_bench.weights.validate import (
+    F32_ROLES,
     KdaPlan,
     MoePlan,
     layer_tensor_names,
@@ -156,6 +157,11 @@ class LayerSource:
         x = torch.from_numpy(np.ascontiguousarray(self.activations[rows.numpy()]))
         return x.to(device=device, dtype=torch_dtype(dtype))
 
+    def _f32_names(self) -> set[str]:
+        """The layer's f32 tensors the ops read as stored (validate.F32_ROLES: checked to be f32 on load)."""
+        plans = [p for p in (self.kda, self.moe) if p is not None]
+        return {p.names[r] for p in plans for r in F32_ROLES if isinstance(p.names.get(r), str)}
+
     # --- the fingerprint ------------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """What the run's fingerprint records: the file(s), sizes, the layer, its tensors and their content hash."""
@@ -165,10 +171,13 @@ class LayerSource:
             h = hashlib.sha256()
             h.update(json.dumps([self.router_stated, self.router_mismatch], sort_keys=True).encode())
             layer_bytes = 0
+            exact = self._f32_names()
             for name in names:
                 info = self.reader.info(name)
                 h.update(json.dumps([name, info.dtype, list(info.shape)]).encode())
                 raw = self.reader.raw(name)
+                if name in exact:
+                    _check_finite(name, raw, self.where)
                 h.update(raw)
                 layer_bytes += raw.nbytes
             files = [{"path": str(f), "size_bytes": f.stat().st_size} for f in self.reader.files() if f.exists()]
@@ -189,6 +198,16 @@ class LayerSource:
             out["activations"] = {"path": str(path), "size_bytes": path.stat().st_size, "sha256": file_sha256(path),
                                   "shape": list(self.activations.shape)}
         return out
+
+
+def _check_finite(name: str, raw: memoryview, where: str) -> None:
+    """A NaN or inf in a small f32 tensor the ops take as stored (A_log, dt_bias, the router's correction bias) would
+    show up only as a mismatch of every case: refuse the file instead (checked on the bytes the hash reads anyway)."""
+    values = np.frombuffer(raw, dtype=np.float32)
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise WeightError(f"{where}: {name} holds {bad.size} non-finite value(s) (first {values[bad[0]]} at index "
+                          f"{bad[0]}): the file is damaged")
 
 
 def load_activations(path: str) -> np.ndarray:
