@@ -157,3 +157,17 @@ def test_the_power_limit_is_in_the_environment(tmp_path):
     assert "<b>power limit</b><span>500 W (default 700 W: capped)</span>" in env
     _, _, unread = render(tmp_path, results, name="unread")
     assert "<b>power limit</b><span>not read (no NVML, or a CPU)</span>" in unread
+
+
+def test_a_case_run_on_a_weight_file_says_so_in_its_hover_and_row(tmp_path):
+    rng = np.random.default_rng(0)
+    results = [fx.case("moe.router", "torch", {"tokens": t}, samples=fx.draw(rng, 5.0 + t)) for t in (1, 8)]
+    results[0]["weights"] = "kimi L1, routed scaling 2.446 (file)"
+    _, data, _ = render(tmp_path, results)
+    assert "weights: kimi L1, routed scaling 2.446 (file)" in data["hover"][0]
+    table = data["tables"]["cases"]
+    column = [c["name"] for c in table["columns"]].index("weights")
+    assert sorted(row[column] for row in table["rows"]) == ["", "kimi L1, routed scaling 2.446 (file)"]
+    assert table["columns"][-1]["name"] == "error"
+    _, plain, _ = render(tmp_path, results[1:], name="plain")
+    assert "weights" not in [c["name"] for c in plain["tables"]["cases"]["columns"]]  # no file, no column

@@ -158,8 +158,8 @@ class OpCharts:
             w = number(power.get("avg_w"))
             lines.append(f"{power['energy_j_per_call'] * 1e6:.4g} µJ/call" + (f"  {w:.0f} W" if w is not None else "")
                          + f"  ({ptext(power.get('source', '?'))})")
-        if r.get("labels"):
-            lines.append("labels: " + ptext(", ".join(map(str, r["labels"]))))
+        extras = (("labels", ", ".join(map(str, r.get("labels") or []))), ("weights", r.get("weights")))
+        lines += [f"{k}: {ptext(v)}" for k, v in extras if v]
         return "<br>".join(lines)
 
     def _who(self, r: dict[str, Any], run_index: int) -> str:

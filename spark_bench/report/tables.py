@@ -44,6 +44,9 @@ def cases_table(runs: Sequence[RunData], baseline: str) -> dict[str, Any]:
                         "peak RSS (a high-water mark over the worker's earlier cases too)"),
         _col("labels"), _col("error", cls="err"),
     ]
+    weights = any(r.get("weights") for run in runs for r in run.results)
+    if weights:  # runs on a weight file: what each case ran on (docs/weights.md)
+        columns.insert(len(columns) - 1, _col("weights", "the weight file, layer and routing the case ran on"))
     rows = []
     for run in runs:
         sp = {}
@@ -61,6 +64,7 @@ def cases_table(runs: Sequence[RunData], baseline: str) -> dict[str, Any]:
                 t.get("n"), t.get("timer"), run.device_text, number(r.get("gbps")), number(r.get("tflops")),
                 *(pct or (None, None)), sp.get(id(r)), number((r.get("check") or {}).get("err_ratio")),
                 energy * 1e6 if energy is not None else None, peak_mb(r), ", ".join(map(str, r.get("labels") or [])),
+                *([r.get("weights") or ""] if weights else []),
                 failure_text(r) if r.get("status") != "ok" else (r.get("error") or ""),
             ])
     return {"columns": columns, "rows": rows}
