@@ -12,7 +12,8 @@ from spark_bench.tune.space import applied, config_id, recording
 from spark_bench.tune.store import StoreError, TunedStore
 
 SPACE = ConfigSpace("test._k", key=("n", "dtype"), default={"B": 16, "num_warps": 4},
-                    buckets=[({"n": 64}, {"B": 8, "num_warps": 2})], candidates=[{"B": 32, "num_warps": 8}])
+                    buckets=[({"n": 64}, {"B": 8, "num_warps": 2})],
+                    candidates=[{"B": b, "num_warps": 8} for b in (32, 64, 128)])
 DEVICE = {"type": "cuda", "name": "NVIDIA Test", "capability": "9.0", "sm_count": 8, "memory_bytes": 1}
 
 
@@ -90,7 +91,7 @@ def _record(case, status, median, rel_ci=None):
             "timing": {"median": median, "rel_ci": rel_ci} if status == "ok" else None}
 
 
-def _records(plan, times, rel_ci=None):
+def _records(plan, times, rel_ci=0.0):
     """times: per case, config id ('default' or a candidate's) -> (status, median); rel_ci: every timing's."""
     out = []
     for item, per_case in zip(plan["items"], times, strict=True):
@@ -133,7 +134,9 @@ def test_the_default_stays_when_no_candidate_beats_it():
 @pytest.mark.parametrize("fast_us, rel_ci, chosen", [
     (9.0, 0.01, True),     # 10% faster, CIs of 1% each: a real win
     (9.7, 0.02, False),    # 3% faster, CIs of 2% each (4% together): noise, the default stays
-    (9.95, None, False),   # 0.5% faster with no CI recorded: under MIN_GAIN (1%)
+    (9.95, 0.0, False),    # 0.5% faster with CIs of 0: under MIN_GAIN (1%)
+    (9.95, None, False),   # 0.5% faster with no CI recorded (a single sample): its noise is unknown
+    (7.0, None, False),    # 30% faster, but on single samples: nothing shows it is not noise; the default stays
 ])
 def test_a_win_inside_the_noise_keeps_the_default(fast_us, rel_ci, chosen):
     plan = _plan([FAST])
@@ -145,7 +148,8 @@ def test_a_win_inside_the_noise_keeps_the_default(fast_us, rel_ci, chosen):
         assert entry["config"] == {"B": 16, "num_warps": 4} and entry["speedup"] == 1.0
         assert entry["runner_up"]["config"] == FAST
         assert entry["within_noise"] == {"id": config_id(FAST), "speedup": round(10.0 / fast_us, 4),
-                                         "noise": max(0.01, 2 * (rel_ci or 0.0))}
+                                         "noise": None if rel_ci is None else max(0.01, 2 * rel_ci)}
+        assert entry["runner_up"]["config"] == FAST
 
 
 def test_a_zero_time_is_not_ranked():

@@ -31,7 +31,8 @@ def _journal(run_dir):
 def test_tune_prunes_times_resumes_chooses_and_run_uses_the_table(tmp_path, fault_env):
     env = _env(fault_env)
     run_dir, table = tmp_path / "tune", tmp_path / "table.json"
-    args = ["tune", "--op", "tunable.scale", "--run-dir", run_dir, "--out", table, "--max-time", "0.2"]
+    # --max-time: the default, slowed to 0.3 s a call, still takes 3 samples (a single one has no CI: no win shown)
+    args = ["tune", "--op", "tunable.scale", "--run-dir", run_dir, "--out", table, "--max-time", "0.7"]
     proc = subprocess.Popen(spark_bench_cmd(*args), env={**env, "TUNABLE_SLEEP_S": "0.3"}, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + 300

@@ -29,7 +29,8 @@ def entries_table(rows: list[tuple[str, dict[str, Any]]], title: str) -> Table:
         runner = e.get("runner_up") or {}
         chosen = "(default)" if e["config"] == e["default"]["config"] else config_id(e["config"])
         close = e.get("within_noise")
-        note = f" ({close['speedup']:.3f}x, within the ±{close['noise']:.1%} noise)" if close else ""
+        noise = "an unknown" if close and close.get("noise") is None else f"the ±{(close or {}).get('noise', 0):.1%}"
+        note = f" ({close['speedup']:.3f}x, within {noise} noise)" if close else ""
         cells = [kernel, _key(e["key"]), chosen, _us(e["time_us"]), _us(e["default"]["time_us"]),
                  f"{e['speedup']:.3f}x", f"{config_id(runner['config'])} {_us(runner['time_us'])}{note}"
                  if runner else "-", str(e.get("cases", "")), ",".join(e.get("labels") or [])]

@@ -55,11 +55,11 @@ class TuneSession:
         fp = fingerprint(spec.device, weights=spec.weights)
         out = out if out is not None else default_path(fp["device"], results_root)
         open_out(out, fp["device"])  # a table that could not be written must not cost the tune first
-        target, note = planning.prune_target(spec.device, target, fp["device"])
-        say(f"tune: {note}")
         run_id = "tune-" + results.new_run_id(spec.device) if run_dir is None else Path(run_dir).name
         store = results.RunStore(run_dir if run_dir is not None else results_root / run_id)
-        store.lock()
+        _claim(store)  # an unusable --run-dir is one line before the planning's compiles, not after them
+        target, note = planning.prune_target(spec.device, target, fp["device"])
+        say(f"tune: {note}")
         # a compile stuck in Triton's passes must not eat the budget: what has not compiled by then is timed unjudged
         deadline = max(30.0, budget_s / 3) if budget_s else PRUNE_DEADLINE_S
         the_plan = planning.build(base, target, jobs=jobs, say=say, deadline_s=deadline)
@@ -90,6 +90,7 @@ class TuneSession:
         from spark_bench.session import check_weights_unchanged, stored_sweep
 
         spec, cfg, timeout_s = stored_sweep(store, run)
+        _check_same_device(path, run, spec.device)
         check_weights_unchanged(path, run, spec)
         tune = run["tune"]
         if out is not None:
@@ -172,19 +173,53 @@ class TuneSession:
         return n if mean <= 0 else max(0, min(n, int(left // mean)))
 
     def _write(self, entries: list[tuple[str, dict[str, Any]]], run: dict[str, Any]) -> Path:
-        from spark_bench.tune.store import TunedStore, open_out
+        from spark_bench.tune.store import TunedStore, locked, open_out
 
         out = Path(self.tune["out"])
         fp = run["fingerprint"]
         fresh = TunedStore.new(fp["device"], {k: fp.get("versions", {}).get(k) for k in ("torch", "triton")})
         for kernel, entry in entries:
             fresh.put(kernel, {**entry, "run": str(self.store.path)})
-        table = open_out(out, fp["device"])  # again: it may have changed while the tune ran
-        if table is None:
-            table = fresh
-        else:
-            table.merge(fresh)
-        return table.save(out, results.now())
+        with locked(out):  # another tune of this device may be writing it now
+            table = open_out(out, fp["device"])  # again: it may have changed while the tune ran
+            if table is None:
+                table = fresh
+            else:
+                table.merge(fresh)
+            return table.save(out, results.now())
+
+
+def _claim(store: results.RunStore) -> None:
+    """Lock a new tune's directory: ResultsError (one line) when it cannot be created or already holds results."""
+    try:
+        store.lock()
+    except OSError as exc:
+        raise results.ResultsError(f"--run-dir {store.path}: cannot create it ({exc.strerror or exc})") from None
+    if store.results_file.exists() and store.results_file.stat().st_size > 0:
+        raise results.ResultsError(f"{store.path} already holds results; use `spark-bench tune --resume "
+                                   f"{store.path}` or another --run-dir")
+
+
+def _check_same_device(path: Path, run: dict[str, Any], device: str) -> None:
+    """A resumed tune must time on the device its first cases timed on: its winners are chosen by time ratios
+    across rounds, and its table is filed under that device. ResultsError (one line) otherwise."""
+    from spark_bench.devices import check_device
+    from spark_bench.fingerprint import device_info
+    from spark_bench.tune.store import describe_device, device_identity
+
+    device = check_device(device)
+    stored = (run.get("fingerprint") or {}).get("device") or {}
+    here, here_id = device_identity(device_info(device))
+    if device_identity(stored)[1] != here_id:
+        raise results.ResultsError(f"{path} was tuned on {describe_device(stored)}, not on this "
+                                   f"{describe_device(here)}: its timings would mix two devices; start a new tune")
+
+
+def _rel_ci(timing: dict[str, Any]) -> float:
+    """A timing's relative 95% CI half-width; inf when it has none (a single sample): its noise is unknown, so no
+    candidate can be shown to beat the default with it."""
+    value = timing.get("rel_ci")
+    return float(value) if results.is_number(value) else math.inf
 
 
 def _geomean(values: list[float]) -> float:
@@ -193,9 +228,11 @@ def _geomean(values: list[float]) -> float:
 
 def select(plan: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     """The tuned entries: per (kernel, key), the config with the best geometric-mean time over the cases of that key
-    that timed both it and the default. A config that failed its check (or crashed) in any case is never chosen."""
+    that timed both it and the default. A config that failed its check (or crashed) in any case, or was pruned
+    offline in any case (it would not compile, launch or fit there), is never chosen for that kernel."""
     by_id = {r["case_id"]: r for r in records}
-    rejected: set[tuple[str, str]] = set()
+    rejected: set[tuple[str, str]] = {(i["kernel"], c["id"]) for i in plan["items"] for c in i["candidates"]
+                                      if c["status"] != "ok"}
     buckets: dict[tuple[str, str], dict[str, Any]] = {}
     for item in plan["items"]:
         base = Case(**item["case"])
@@ -205,6 +242,8 @@ def select(plan: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[st
             continue
         timed = {}
         for cand in item["candidates"]:
+            if cand["status"] != "ok":
+                continue
             rec = by_id.get(dataclasses.replace(base, configs={kernel: cand["config"]}).case_id)
             if rec is None:
                 continue
@@ -212,15 +251,30 @@ def select(plan: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[st
                 rejected.add((kernel, cand["id"]))
                 continue
             timed[cand["id"]] = (cand["config"], rec)
-        for pick in item["keys"]:  # the declared config at this key is the default's
+        ran = (default_rec.get("config") or {}).get(kernel)  # what round 0 launched, on the device it timed on
+        for pick in item["keys"]:  # the declared config at this key, as the plan's capture picked it
+            declared = _declared_ran(pick["config"], ran)
+            if declared is None:
+                continue  # the plan's capture target picked another config than the device ran: unknown default
             bucket = buckets.setdefault((kernel, key_id(pick["key"])), {"key": pick["key"], "cases": []})
-            bucket["cases"].append({"default": (pick["config"], default_rec), **timed})
+            bucket["cases"].append({"default": (declared, default_rec), **timed})
     entries = []
     for (kernel, _), bucket in sorted(buckets.items()):
         entry = _best(kernel, bucket, rejected)
         if entry is not None:
             entries.append((kernel, entry))
     return entries
+
+
+def _declared_ran(planned: dict[str, Any], ran: Any) -> dict[str, Any] | None:
+    """The default config a key ran with: the one the default case recorded when it launched the kernel with one
+    config (the plan's capture may have picked another: it captures for the pruning target, e.g. sm_90a rules with
+    `--target none` on an A100); the planned one when the record lists it among several; else None."""
+    if isinstance(ran, dict):
+        return ran
+    if ran is None or planned in ran:
+        return planned
+    return None
 
 
 def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -> dict[str, Any] | None:
@@ -238,8 +292,7 @@ def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -
                 continue  # a graph-timed call no slower than the flush it follows: 0 us, nothing to rank it by
             times.setdefault(name, []).append(rec["timing"]["median"])
             defaults.setdefault(name, []).append(default_timing["median"])
-            spreads.setdefault(name, []).append((rec["timing"].get("rel_ci") or 0.0)
-                                                + (default_timing.get("rel_ci") or 0.0))
+            spreads.setdefault(name, []).append(_rel_ci(rec["timing"]) + _rel_ci(default_timing))
             configs[name] = config
             labels.update(rec.get("labels") or [])
     if "default" not in times:
@@ -251,7 +304,7 @@ def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -
     within_noise = None
     if best != "default" and 1.0 - ratio[best] <= noise:  # not faster beyond the noise: the default stays
         within_noise = {"id": config_id(configs[best]), "speedup": round(1.0 / ratio[best], 4),
-                        "noise": round(noise, 4)}
+                        "noise": round(noise, 4) if math.isfinite(noise) else None}
         best, runner = "default", best
 
     def timed_entry(name: str) -> dict[str, Any]:

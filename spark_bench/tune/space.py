@@ -11,8 +11,10 @@ sm_80` compiles the launches as they would be picked there).
 
 Wrappers launch with `space.pick(**key)`. What it returns, in order: a forced config (`spark-bench tune` timing one
 candidate: source "candidate"), the nearest entry of an installed tuned table (`run --tuned`: "tuned"), else the
-bucket or default ("default"). While `recording()` is active every pick is logged with its key and source, which is
-how a result says which config ran and how `tune` learns which kernels a backend launches.
+bucket or default ("default"). A tuned config the space no longer declares (its parameters or candidates changed
+since the tune) is ignored: the declared choice runs, as "default". While `recording()` is active every pick is
+logged with its key and source, which is how a result says which config ran and how `tune` learns which kernels a
+backend launches.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ class ConfigSpace:
         config, source = _STATE.forced.get(self.kernel), "candidate"
         if config is None and _STATE.table is not None:
             config, source = _STATE.table.lookup(self.kernel, key), "tuned"
+            if config is not None and config not in self.candidates:
+                config = None  # a stale table: the space no longer declares this config (renamed, dropped)
         if config is None:
             config, source = self.declared(**key), "default"
         config = dict(config)

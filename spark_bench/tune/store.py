@@ -16,11 +16,13 @@ tile (name, compute capability, SM count, memory), not by driver or library vers
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +91,9 @@ class TunedStore:
         return [(kernel, e) for kernel in sorted(self.kernels) for e in self.kernels[kernel]]
 
     def lookup(self, kernel: str, key: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The config of the entry nearest to `key`, or None (the kernel's declared choice then applies)."""
+        """The config of the entry nearest to `key`, or None (the kernel's declared choice then applies). The key is
+        compared as `tune` stored it, through JSON (a torch.dtype as its name, a tuple as a list)."""
+        key = json.loads(json.dumps(dict(key), default=str))
         best, best_d = None, math.inf
         for entry in self.kernels.get(kernel, ()):
             d = key_distance(entry["key"], key)
@@ -130,6 +134,25 @@ class TunedStore:
             raise StoreError(f"--out {path}: {exc.strerror or exc}") from None
         self.path = path
         return path
+
+
+@contextlib.contextmanager
+def locked(path: Path | str) -> Iterator[None]:
+    """Within: this process alone reads-merges-writes the table at `path` (an exclusive flock on its folder, which
+    leaves no lock file beside a committed table): two tunes of one device finishing together keep both entries."""
+    import fcntl
+
+    folder = Path(path).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StoreError(f"--out {path}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def open_out(path: Path | str, device_info: Mapping[str, Any]) -> TunedStore | None:
@@ -188,8 +211,9 @@ def _entry_problem(entry: Any) -> str | None:
         return "\"speedup\" must be a finite number"
     close = entry.get("within_noise")
     if close is not None and not (isinstance(close, dict) and is_number(close.get("speedup"))
-                                  and is_number(close.get("noise"))):
-        return "\"within_noise\" must be null or an object with a numeric \"speedup\" and \"noise\""
+                                  and "noise" in close
+                                  and (close["noise"] is None or is_number(close["noise"]))):
+        return "\"within_noise\" must be null or an object with a numeric \"speedup\" and \"noise\" (null: unknown)"
     labels = entry.get("labels")
     if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
         return "\"labels\" must be a list of strings"

@@ -1,0 +1,143 @@
+"""Defects found by the tuning audit (docs/known-issues.md, "Tuning"): each test fails without its fix."""
+
+import json
+
+import pytest
+from conftest import run_cli
+from test_tune import DEVICE, FAST, SLOW, _no_plan, _plan, _records, _store
+
+from spark_bench.tune import ConfigSpace
+from spark_bench.tune.search import select
+from spark_bench.tune.space import applied, config_id, recording
+from spark_bench.tune.store import TunedStore
+
+DEFAULT = {"B": 16, "num_warps": 4}  # the declared config of test_tune._plan's kernel
+
+
+def test_a_stale_tuned_config_the_space_no_longer_declares_is_not_launched():
+    """A table tuned before the kernel's space changed (a constexpr renamed, a candidate dropped) must not launch
+    its old config (a missing constexpr, or a config no longer vetted offline), nor label the run "tuned"."""
+    space = ConfigSpace("audit._stale", key=("n",), default={"BLOCK": 16, "num_warps": 4},
+                        candidates=[{"BLOCK": 64, "num_warps": 4}])
+    renamed = _store([("audit._stale", {"n": 1024}, {"B": 64, "num_warps": 4}, "t")])
+    dropped = _store([("audit._stale", {"n": 1024}, {"BLOCK": 128, "num_warps": 4}, "t")])
+    current = _store([("audit._stale", {"n": 1024}, {"BLOCK": 64, "num_warps": 4}, "t")])
+    with recording() as log:
+        for table in (renamed, dropped):
+            with applied(table=table):
+                assert space.pick(n=1024) == {"BLOCK": 16, "num_warps": 4}
+        with applied(table=current):
+            assert space.pick(n=1024) == {"BLOCK": 64, "num_warps": 4}
+    assert [p["source"] for p in log] == ["default", "default", "tuned"]
+
+
+def test_a_key_that_is_not_json_still_finds_its_tuned_entry(tmp_path):
+    """`tune` stores keys through JSON (a torch.dtype as its name, a tuple as a list); a launch passing the raw value
+    must still find its entry rather than silently running the declared config."""
+    import torch
+
+    space = ConfigSpace("audit._key", key=("shape", "dtype"), default={"B": 16}, candidates=[{"B": 64}])
+    table = _store([("audit._key", {"shape": [4, 8], "dtype": "torch.float32"}, {"B": 64}, "t")])
+    table.save(tmp_path / "t.json", "now")
+    with applied(table=TunedStore.load(tmp_path / "t.json")):
+        assert space.pick(shape=(4, 8), dtype=torch.float32) == {"B": 64}
+
+
+def test_a_candidate_pruned_offline_in_one_case_is_never_chosen():
+    """Pruned in one case of a kernel (it spills or cannot launch there) but fast in another: chosen, the table
+    would launch it where it spills, or fails to launch (docs: candidates must be valid at every key)."""
+    plan = _plan([FAST, SLOW], cases=2)
+    plan["items"][1]["candidates"][0].update(status="pruned", reason="launch-resources in k: too many threads")
+    times = [{"default": ("ok", 10.0), config_id(FAST): ("ok", 5.0), config_id(SLOW): ("ok", 12.0)},
+             {"default": ("ok", 10.0), config_id(SLOW): ("ok", 12.0)}]
+    [(_, entry)] = select(plan, _records(plan, times))
+    assert entry["config"] == DEFAULT and entry["runner_up"]["config"] == SLOW
+
+
+def test_the_stored_default_is_the_config_the_default_case_ran():
+    """The plan's capture picks for the pruning target (sm_90a with --target none or on a CPU), while round 0 runs
+    the device's own rules (sm_80's per_target config on an A100). When the default wins, the table must hold what
+    ran, not a config never timed on this device."""
+    ran = {"B": 8, "num_warps": 8}  # what the device's rules picked (and recorded) for the default case
+    plan = _plan([ran, SLOW])
+    records = _records(plan, [{"default": ("ok", 10.0), config_id(ran): ("ok", 10.05), config_id(SLOW): ("ok", 12.0)}])
+    records[0]["config"] = {"test._k": ran}
+    [(_, entry)] = select(plan, records)
+    assert entry["config"] == ran and entry["default"]["config"] == ran and entry["runner_up"]["config"] == SLOW
+    several = _records(plan, [{"default": ("ok", 10.0), config_id(SLOW): ("ok", 12.0)}])
+    several[0]["config"] = {"test._k": [ran, {"B": 2, "num_warps": 1}]}  # two configs ran, neither the planned one
+    assert select(plan, several) == []  # unknown default: no entry rather than a wrong one
+
+
+def _first_tune(tmp_path, monkeypatch):
+    _no_plan(monkeypatch, {"items": [], "untunable": [], "capture_errors": [], "target": None})
+    monkeypatch.setattr("spark_bench.results.RunStore.lock", lambda self: None)  # in-process: one tune at a time
+    run_dir = tmp_path / "tune"
+    code, _, err = run_cli("tune", "--op", "kda.gate", "--device", "cpu", "--executor", "inprocess", "--run-dir",
+                           run_dir, "--out", tmp_path / "t.json")
+    assert code == 0, err
+    return run_dir
+
+
+def test_a_tune_resumed_on_another_device_is_refused(tmp_path, monkeypatch):
+    run_dir = _first_tune(tmp_path, monkeypatch)
+    run_file = run_dir / "run.json"
+    run = json.loads(run_file.read_text())
+    run["fingerprint"]["device"] = {**DEVICE, "type": "cpu"}
+    run_file.write_text(json.dumps(run))
+    code, _, err = run_cli("tune", "--resume", run_dir, "--executor", "inprocess")
+    assert code == 2 and err.strip().count("\n") == 0 and "was tuned on NVIDIA Test" in err, err
+
+
+@pytest.mark.parametrize("case", ["unwritable", "holds-results"])
+def test_a_bad_run_dir_is_one_line_before_any_planning(tmp_path, monkeypatch, case):
+    if case == "unwritable":
+        (tmp_path / "a-file").write_text("")
+        run_dir, needle = tmp_path / "a-file" / "tune", "--run-dir"
+    else:
+        run_dir, needle = _first_tune(tmp_path, monkeypatch), "already holds results"
+        (run_dir / "results.jsonl").write_text('{"case_id": "x"}\n')
+        monkeypatch.undo()
+    _no_plan(monkeypatch, None)
+    code, _, err = run_cli("tune", "--op", "kda.gate", "--device", "cpu", "--run-dir", run_dir, "--out",
+                           tmp_path / "new.json")
+    assert code == 2 and err.strip().count("\n") == 0 and needle in err and "Traceback" not in err, err
+
+
+def test_two_tunes_writing_one_table_at_once_keep_both_entries(tmp_path, monkeypatch):
+    """Two tunes of one device (other ops) finishing together both read-merge-write results/tuned/<device>.json:
+    without a lock around that, the second to save drops the entries the first wrote."""
+    import threading
+
+    from spark_bench.tune.search import TuneSession
+
+    out = tmp_path / "tuned" / "t.json"
+    run = {"fingerprint": {"device": DEVICE, "versions": {}}}
+    entry = {"key": {"n": 1}, "config": {"B": 8}, "time_us": 1.0, "default": {"config": {"B": 2}, "time_us": 2.0},
+             "speedup": 2.0, "measured": "t"}
+    first_saving, release = threading.Event(), threading.Event()
+    save = TunedStore.save
+
+    def slow_save(self, path, updated):  # the first writer is between its read and its write
+        if "a._k" in self.kernels and not first_saving.is_set():
+            first_saving.set()
+            release.wait(5)
+        return save(self, path, updated)
+
+    monkeypatch.setattr(TunedStore, "save", slow_save)
+
+    def write(kernel):
+        session = TuneSession(store=type("S", (), {"path": tmp_path / kernel})(), spec=None, cfg=None,
+                              timeout_s=1.0, tune={"out": str(out)})
+        session._write([(kernel, dict(entry))], run)
+
+    a = threading.Thread(target=write, args=("a._k",))
+    a.start()
+    assert first_saving.wait(5)
+    b = threading.Thread(target=write, args=("b._k",))
+    b.start()
+    b.join(0.5)  # with the lock, b waits for a; without it, b reads the table without a's entry and writes
+    release.set()
+    a.join(5)
+    b.join(5)
+    assert sorted(TunedStore.load(out).kernels) == ["a._k", "b._k"]
