@@ -90,16 +90,20 @@ def power_info(device: str) -> dict[str, Any] | None:
     return {"limit_w": round(limit), "default_limit_w": round(default) if default is not None else None}
 
 
-def stack_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
-    """What differs between two fingerprints' identifying fields ("fingerprint_id differs" when none that is
-    stored does): `power.limit_w 700 -> 500`, `versions.torch '2.11.0' -> '2.13.0'`."""
+def stack_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The identifying fields that differ between two fingerprints: `power.limit_w 700 -> 500`, `versions.torch
+    '2.11.0' -> '2.13.0'` (a section that is not an object reads as empty)."""
     def field(fp: dict[str, Any], section: str, key: str) -> Any:
         part = fp.get(section)
         return part.get(key) if isinstance(part, dict) else None
 
-    diffs = [f"{section}.{key} {field(a, section, key)!r} -> {field(b, section, key)!r}"
-             for section, key in IDENTITY_FIELDS if field(a, section, key) != field(b, section, key)]
-    return ", ".join(diffs) or "fingerprint_id differs"
+    return [f"{section}.{key} {field(a, section, key)!r} -> {field(b, section, key)!r}"
+            for section, key in IDENTITY_FIELDS if field(a, section, key) != field(b, section, key)]
+
+
+def stack_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """stack_differences as one text ("fingerprint_id differs" when no stored field does)."""
+    return ", ".join(stack_differences(a, b)) or "fingerprint_id differs"
 
 
 def git_info() -> dict[str, Any]:

@@ -201,8 +201,11 @@ class RunStore:
             return
         if self.path.exists() and not self.path.is_dir():
             raise ResultsError(f"{self.path} is a file, not a run directory; choose another --out")
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:  # --out under /proc, a read-only mount, a file in the path
+            raise ResultsError(f"{self.path}: cannot create the run directory ({exc.strerror or exc})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -180,6 +180,21 @@ def stored_sweep(store: results.RunStore, run: dict[str, Any]) -> tuple[SweepSpe
                                    "this run cannot be resumed") from None
 
 
+def check_same_device(path: Path, run: dict[str, Any], device: str, what: str = "measured") -> None:
+    """A resumed run or tune must time on the device and stack its first cases timed on: ResultsError (one line,
+    naming what differs) when this machine's fingerprint is not its run.json's: one run would mix two devices."""
+    from spark_bench.devices import check_device
+    from spark_bench.fingerprint import fingerprint, stack_differences
+
+    stored, now = run.get("fingerprint") or {}, fingerprint(check_device(device))
+    diffs = stack_differences(stored, now)
+    if diffs or stored.get("fingerprint_id") != now["fingerprint_id"]:
+        name, here = (stored.get("device") or {}).get("name") or "another device", now["device"].get("name")
+        where = f"on this {here} with another stack" if name == here else f"on {name}, not on this {here}"
+        raise results.ResultsError(f"{path} was {what} {where} ({', '.join(diffs) or 'fingerprint_id differs'}): "
+                                   "resuming here would mix two devices' timings in one run; start a new one")
+
+
 def check_weights_unchanged(path: Path, run: dict[str, Any], spec: SweepSpec) -> None:
     """A resumed run or tune must time the weights its first cases timed: ResultsError (one line) when a weight file
     (the layer, the routing trace, the activations) hashes differently now than in its run.json."""
@@ -275,6 +290,7 @@ class Session:
             raise results.ResultsError(f"{path} is a tune directory; resume it with `spark-bench tune --resume "
                                        f"{path}`")
         spec, cfg, timeout_s = stored_sweep(store, run)
+        check_same_device(path, run, spec.device)
         check_weights_unchanged(path, run, spec)
         store.repair_tail()
         return cls(store, spec, cfg, timeout_s, cls._cases(spec))

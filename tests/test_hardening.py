@@ -194,6 +194,8 @@ def test_out_pointing_at_a_file_is_one_line_from_run(tmp_path):
     path = tmp_path / "file"
     path.write_text("x")
     _assert_one_line(*_cli(*GATE, "--set", "tokens=5", "--set", "heads=2", "--out", path), "is a file")
+    _assert_one_line(*_cli(*GATE, "--set", "tokens=5", "--set", "heads=2", "--out", path / "run"),
+                     "cannot create the run directory (Not a directory)")  # was a FileExistsError traceback
 
 
 def test_report_with_an_unknown_baseline_is_one_line(tmp_path):

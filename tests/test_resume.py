@@ -100,3 +100,23 @@ def test_like_runs_the_base_sweep_again_in_a_new_directory(tmp_path, fault_env):
     refused = subprocess.run(spark_bench_cmd("run", "--like", base, "--set", "rows=7"), env=fault_env,
                              capture_output=True, text=True, timeout=600)
     assert refused.returncode == 2 and "drop --set" in refused.stderr and len(refused.stderr.splitlines()) == 1
+
+
+def test_resume_on_another_device_is_refused(tmp_path, fault_env):
+    """One run holds one device's timings: a resume on another machine (or after a torch upgrade) says what
+    differs, one line, exit 2, and times nothing."""
+    out = tmp_path / "run"
+    args = ["--op", "fault.scale", "--backend", "good", "--quick", "--out", out, "--no-report"]
+    first = subprocess.run(spark_bench_cmd("run", *args), env=fault_env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    journal = out / "results.jsonl"
+    journal.write_text(journal.read_text().splitlines()[0] + "\n")  # as if killed after the first case
+    run = json.loads((out / "run.json").read_text())
+    run["fingerprint"]["versions"]["torch"] = "2.11.0"
+    run["fingerprint"]["fingerprint_id"] = "0123456789abcdef"
+    (out / "run.json").write_text(json.dumps(run))
+    done = subprocess.run(spark_bench_cmd("run", "--resume", out, "--no-report"), env=fault_env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "versions.torch '2.11.0' -> " in done.stderr and "would mix two devices' timings" in done.stderr
+    assert len(_case_ids(journal)) == 1

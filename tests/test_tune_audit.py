@@ -93,7 +93,7 @@ def test_a_tune_resumed_on_another_device_is_refused(tmp_path, monkeypatch):
 def test_a_bad_run_dir_is_one_line_before_any_planning(tmp_path, monkeypatch, case):
     if case == "unwritable":
         (tmp_path / "a-file").write_text("")
-        run_dir, needle = tmp_path / "a-file" / "tune", "--run-dir"
+        run_dir, needle = tmp_path / "a-file" / "tune", "cannot create the run directory (Not a directory)"
     else:
         run_dir, needle = _first_tune(tmp_path, monkeypatch), "already holds results"
         (run_dir / "results.jsonl").write_text('{"case_id": "x"}\n')

@@ -87,10 +87,10 @@ class TuneSession:
                                        "--resume`)")
         store.lock()
         run = store.read_run()
-        from spark_bench.session import check_weights_unchanged, stored_sweep
+        from spark_bench.session import check_same_device, check_weights_unchanged, stored_sweep
 
         spec, cfg, timeout_s = stored_sweep(store, run)
-        _check_same_device(path, run, spec.device)
+        check_same_device(path, run, spec.device, "tuned")
         check_weights_unchanged(path, run, spec)
         tune = run["tune"]
         if out is not None:
@@ -191,28 +191,10 @@ class TuneSession:
 
 def _claim(store: results.RunStore) -> None:
     """Lock a new tune's directory: ResultsError (one line) when it cannot be created or already holds results."""
-    try:
-        store.lock()
-    except OSError as exc:
-        raise results.ResultsError(f"--run-dir {store.path}: cannot create it ({exc.strerror or exc})") from None
+    store.lock()
     if store.results_file.exists() and store.results_file.stat().st_size > 0:
         raise results.ResultsError(f"{store.path} already holds results; use `spark-bench tune --resume "
                                    f"{store.path}` or another --run-dir")
-
-
-def _check_same_device(path: Path, run: dict[str, Any], device: str) -> None:
-    """A resumed tune must time on the device its first cases timed on: its winners are chosen by time ratios
-    across rounds, and its table is filed under that device. ResultsError (one line) otherwise."""
-    from spark_bench.devices import check_device
-    from spark_bench.fingerprint import device_info
-    from spark_bench.tune.store import describe_device, device_identity
-
-    device = check_device(device)
-    stored = (run.get("fingerprint") or {}).get("device") or {}
-    here, here_id = device_identity(device_info(device))
-    if device_identity(stored)[1] != here_id:
-        raise results.ResultsError(f"{path} was tuned on {describe_device(stored)}, not on this "
-                                   f"{describe_device(here)}: its timings would mix two devices; start a new tune")
 
 
 def _rel_ci(timing: dict[str, Any]) -> float:
