@@ -8,7 +8,7 @@ from test_tune import DEVICE, FAST, SLOW, _no_plan, _plan, _records, _store
 
 from spark_bench.tune import ConfigSpace
 from spark_bench.tune.search import select
-from spark_bench.tune.space import applied, config_id, recording
+from spark_bench.tune.space import SPACES, applied, config_id, recording, stale_entries
 from spark_bench.tune.store import TunedStore
 
 DEFAULT = {"B": 16, "num_warps": 4}  # the declared config of test_tune._plan's kernel
@@ -29,6 +29,20 @@ def test_a_stale_tuned_config_the_space_no_longer_declares_is_not_launched():
         with applied(table=current):
             assert space.pick(n=1024) == {"BLOCK": 64, "num_warps": 4}
     assert [p["source"] for p in log] == ["default", "default", "tuned"]
+
+
+def test_stale_entries_are_named_by_tuned_show_and_run(tmp_path, monkeypatch):
+    """Skipped at launch, but not silently: `tuned show` and `run --tuned` name the entries a space dropped."""
+    space = ConfigSpace("audit._stale", key=("n",), default={"BLOCK": 16, "num_warps": 4},
+                        candidates=[{"BLOCK": 64, "num_warps": 4}])
+    monkeypatch.setitem(SPACES, space.kernel, space)
+    table = _store([("audit._stale", {"n": 1024}, {"BLOCK": 128, "num_warps": 4}, "t"),
+                    ("audit._stale", {"n": 64}, {"BLOCK": 64, "num_warps": 4}, "t"),
+                    ("audit._unknown", {"n": 64}, {"X": 1}, "t")])  # no space declared here: not judged
+    assert stale_entries(table) == {"audit._stale": 1}
+    table.save(tmp_path / "t.json", "now")
+    code, out, _ = run_cli("tuned", "show", tmp_path / "t.json")
+    assert code == 0 and "stale: audit._stale: 1 tuned entry with a config the kernel no longer declares" in out
 
 
 def test_a_key_that_is_not_json_still_finds_its_tuned_entry(tmp_path):

@@ -37,6 +37,11 @@ def load_tuned(spec: str | None, device: str, root: Path, warn) -> dict[str, Any
     if table.data["device_id"] != device_identity(info)[1]:
         warn(f"{path} was tuned on {describe_device(table.data['device'])}, not on this "
              f"{describe_device(device_identity(info)[0])}: its configs may not be the best here")
+    from spark_bench.tune.space import stale_entries, stale_text
+
+    stale = stale_entries(table)
+    if stale:
+        warn(f"{path}: {stale_text(stale)}")
     return {"path": str(path), "data": table.data}
 
 

@@ -46,6 +46,11 @@ def print_store(store) -> None:
     rows = store.entries()
     out.print(entries_table(rows, escape(f"{store.path}: {describe_device(store.data['device'])}, updated "
                                          f"{store.data.get('updated')}, {len(rows)} entries")))
+    from spark_bench.tune.space import stale_entries, stale_text
+
+    stale = stale_entries(store)
+    if stale:
+        out.print(f"stale: {stale_text(stale)}", markup=False)
 
 
 def print_table(session, path: Path | None) -> None:

@@ -85,6 +85,32 @@ class ConfigSpace:
         return config
 
 
+def stale_entries(table: Any) -> dict[str, int]:
+    """kernel -> how many of a tuned table's entries hold a config its declared space no longer has (`pick` skips
+    them: the declared config runs). Our kernels' spaces are imported here; a kernel whose space no module of this
+    process declares (a plugin's, not loaded) is not judged."""
+    import importlib
+
+    out: dict[str, int] = {}
+    for kernel, entry in table.entries():
+        if kernel not in SPACES:
+            try:
+                importlib.import_module("spark_bench.kernels." + kernel.rpartition(".")[0])
+            except ImportError:
+                pass
+        space = SPACES.get(kernel)
+        if space is not None and dict(entry["config"]) not in space.candidates:
+            out[kernel] = out.get(kernel, 0) + 1
+    return out
+
+
+def stale_text(stale: dict[str, int]) -> str:
+    """One line naming the stale entries of a table (stale_entries), for a warning."""
+    n = sum(stale.values())
+    return (f"{', '.join(sorted(stale))}: {n} tuned entr{'y' if n == 1 else 'ies'} with a config the kernel no "
+            "longer declares (its space changed since the tune); the declared configs run there: tune again")
+
+
 def _within(value: Any, bound: Any) -> bool:
     """A bucket bound holds: value <= bound for numbers, value == bound for anything else (a dtype's name)."""
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (value, bound))
