@@ -310,13 +310,19 @@ def test_a_bad_tune_out_is_one_line_before_any_tuning(tmp_path, monkeypatch):
         assert not (tmp_path / "tune").exists()
 
 
-def test_tune_resume_takes_another_out_and_checks_it_first(tmp_path, monkeypatch):
+def _first_tune(tmp_path, monkeypatch, out="first.json"):
+    """A finished tune of nothing (no tunable launch planned) in tmp_path/tune, to resume."""
     _no_plan(monkeypatch, {"items": [], "untunable": [], "capture_errors": [], "target": None})
     monkeypatch.setattr("spark_bench.results.RunStore.lock", lambda self: None)  # in-process: one tune at a time
     run_dir = tmp_path / "tune"
     code, _, err = run_cli("tune", "--op", "kda.gate", "--device", "cpu", "--executor", "inprocess", "--run-dir",
-                           run_dir, "--out", tmp_path / "first.json")
+                           run_dir, "--out", tmp_path / out)
     assert code == 0, err
+    return run_dir
+
+
+def test_tune_resume_takes_another_out_and_checks_it_first(tmp_path, monkeypatch):
+    run_dir = _first_tune(tmp_path, monkeypatch)
     for out, needle in _bad_outs(tmp_path):
         code, _, err = run_cli("tune", "--resume", run_dir, "--out", out)
         assert code == 2 and err.strip().count("\n") == 0 and needle in err, err

@@ -4,7 +4,7 @@ import json
 
 import pytest
 from conftest import run_cli
-from test_tune import DEVICE, FAST, SLOW, _no_plan, _plan, _records, _store
+from test_tune import DEVICE, FAST, SLOW, _first_tune, _no_plan, _plan, _records, _store
 
 from spark_bench.tune import ConfigSpace
 from spark_bench.tune.search import select
@@ -81,16 +81,6 @@ def test_the_stored_default_is_the_config_the_default_case_ran():
     several = _records(plan, [{"default": ("ok", 10.0), config_id(SLOW): ("ok", 12.0)}])
     several[0]["config"] = {"test._k": [ran, {"B": 2, "num_warps": 1}]}  # two configs ran, neither the planned one
     assert select(plan, several) == []  # unknown default: no entry rather than a wrong one
-
-
-def _first_tune(tmp_path, monkeypatch):
-    _no_plan(monkeypatch, {"items": [], "untunable": [], "capture_errors": [], "target": None})
-    monkeypatch.setattr("spark_bench.results.RunStore.lock", lambda self: None)  # in-process: one tune at a time
-    run_dir = tmp_path / "tune"
-    code, _, err = run_cli("tune", "--op", "kda.gate", "--device", "cpu", "--executor", "inprocess", "--run-dir",
-                           run_dir, "--out", tmp_path / "t.json")
-    assert code == 0, err
-    return run_dir
 
 
 def test_a_tune_resumed_on_another_device_is_refused(tmp_path, monkeypatch):
