@@ -74,7 +74,8 @@ def list_cmd(as_json: bool, device: str | None, ops: tuple[str, ...]) -> None:
         most = None if ops else 6  # every value of the ops asked for; an overview of all
         axes = ", ".join(f"{a}={'/'.join(map(str, v[:most]))}{'…' if most and len(v) > most else ''}"
                          for a, v in info["axes"].items())
-        out.print(f"[bold]{escape(name)}[/]  dtypes {'/'.join(info['dtypes'])}  axes {escape(axes)}")
+        presets = f"  presets {', '.join(info['presets'])}" if info["presets"] else ""
+        out.print(f"[bold]{escape(name)}[/]  dtypes {'/'.join(info['dtypes'])}  axes {escape(axes)}{escape(presets)}")
         for bname, b in info["backends"].items():
             mark = "[green]available[/]" if b["available"] else f"[yellow]unavailable[/]: {escape(b['reason'])}"
             extra = (" (" + ", ".join(b["labels"]) + ")") if b["labels"] else ""

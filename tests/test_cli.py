@@ -51,6 +51,7 @@ def test_list_of_selected_ops_shows_every_axis_value():
     code, out, _ = run_cli("list", "--op", "moe.al*", "--device", "cpu")
     assert code == 0 and out.startswith("moe.align ") and "kda." not in out and "moe.experts" not in out
     assert "tokens=1/2/4/5/6/7/8/16/" in out and "/16384," in out  # not cut after 6 values
+    assert "presets deepseek-v3, glm-4.5, kimi-linear" in out  # what --preset takes for it
 
 
 def test_env_json_has_fingerprint():
