@@ -33,10 +33,13 @@ def test_pick_prefers_forced_then_tuned_then_declared_and_logs_each_pick():
         with applied(table=table):
             assert SPACE.pick(n=2000, dtype="bf16")["B"] == 64  # nearest key: 2000 is nearer 1024 than 65536
             assert SPACE.pick(n=40000, dtype="bf16")["B"] == 128
+            assert SPACE.pick(n=65536, dtype="bf16")["B"] == 128  # the very key it was tuned at
             assert SPACE.pick(n=2000, dtype="fp32") == {"B": 16, "num_warps": 4}  # no fp32 entry: declared
             with applied({"test._k": {"B": 32, "num_warps": 8}}, table):
                 assert SPACE.pick(n=2000, dtype="bf16")["B"] == 32
-    assert [p["source"] for p in log] == ["default", "tuned", "tuned", "default", "candidate"]
+    # a key never tuned says so: its config comes from the nearest tuned key
+    assert [p["source"] for p in log] == ["default", "tuned-nearest", "tuned-nearest", "tuned", "default",
+                                          "candidate"]
     assert log[1]["key"] == {"n": 2000, "dtype": "bf16"}
     assert SPACE.pick(n=2000, dtype="bf16") == {"B": 16, "num_warps": 4}  # nothing leaks out of the contexts
 
@@ -220,6 +223,10 @@ def test_the_report_names_each_tuned_config_an_op_ran(tmp_path):
             {"op": "x.op", "config": {"test._k": {"B": 16, "num_warps": 4}}, "config_source": {"test._k": "default"}}]
     html = tuned_section([RunData(tmp_path, run, recs, label="r1")], _table, esc)
     assert "B=64,num_warps=8" in html and "1 of 2" in html and "2.000x" in html and "NVIDIA Test" in html
+    recs.append({"op": "x.op", "config": {"test._k": {"B": 64, "num_warps": 8}},
+                 "config_source": {"test._k": "tuned-nearest"}})  # at a key the tune never timed
+    html = tuned_section([RunData(tmp_path, run, recs, label="r1")], _table, esc)
+    assert "2 of 3 (1 at a key never tuned: the nearest one&#x27;s)" in html
     assert tuned_section([RunData(tmp_path, {"spec": {}}, recs, label="r1")], _table, esc) == ""
 
 

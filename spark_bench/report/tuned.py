@@ -14,6 +14,9 @@ def _fmt_key(key: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in key.items())
 
 
+TUNED = ("tuned", "tuned-nearest")  # config_source values of a config a tuned table chose (spark_bench.tune.space)
+
+
 def _fmt_config(config: dict[str, Any]) -> str:
     from spark_bench.tune.space import config_id
 
@@ -27,7 +30,7 @@ def rows(run: RunData) -> list[list[Any]]:
     out, seen = [], set()
     for rec in run.results:
         for kernel, source in (rec.get("config_source") or {}).items():
-            if source != "tuned":
+            if source not in TUNED:
                 continue
             ran = (rec.get("config") or {}).get(kernel)
             for config in ran if isinstance(ran, list) else [ran]:
@@ -42,9 +45,12 @@ def rows(run: RunData) -> list[list[Any]]:
 
 
 def _cases(run: RunData, op: str, kernel: str) -> str:
+    """How many of the op's cases that launched `kernel` took a tuned config, and how many of those at a key that
+    was never tuned (the nearest tuned key's config: source tuned-nearest)."""
     of_op = [r for r in run.results if r.get("op") == op and kernel in (r.get("config_source") or {})]
-    tuned = [r for r in of_op if (r.get("config_source") or {}).get(kernel) == "tuned"]
-    return f"{len(tuned)} of {len(of_op)}"
+    sources = [(r.get("config_source") or {}).get(kernel) for r in of_op]
+    tuned, nearest = sum(s in TUNED for s in sources), sources.count("tuned-nearest")
+    return f"{tuned} of {len(of_op)}" + (f" ({nearest} at a key never tuned: the nearest one's)" if nearest else "")
 
 
 def tuned_section(runs: Sequence[RunData], table_html, esc) -> str:

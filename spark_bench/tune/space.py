@@ -10,11 +10,11 @@ per-device table, as vLLM keeps, for where the paper choice does not fit another
 sm_80` compiles the launches as they would be picked there).
 
 Wrappers launch with `space.pick(**key)`. What it returns, in order: a forced config (`spark-bench tune` timing one
-candidate: source "candidate"), the nearest entry of an installed tuned table (`run --tuned`: "tuned"), else the
-bucket or default ("default"). A tuned config the space no longer declares (its parameters or candidates changed
-since the tune) is ignored: the declared choice runs, as "default". While `recording()` is active every pick is
-logged with its key and source, which is how a result says which config ran and how `tune` learns which kernels a
-backend launches.
+candidate: source "candidate"), the nearest entry of an installed tuned table (`run --tuned`: "tuned" at the key it
+was tuned at, "tuned-nearest" at another key), else the bucket or default ("default"). A tuned config the space no
+longer declares (its parameters or candidates changed since the tune) is ignored: the declared choice runs, as
+"default". While `recording()` is active every pick is logged with its key and source, which is how a result says
+which config ran and how `tune` learns which kernels a backend launches.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
-SOURCES = ("candidate", "tuned", "default")
+SOURCES = ("candidate", "tuned", "tuned-nearest", "default")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +74,9 @@ class ConfigSpace:
         key = {k: key[k] for k in self.key if k in key} or dict(key)
         config, source = _STATE.forced.get(self.kernel), "candidate"
         if config is None and _STATE.table is not None:
-            config, source = _STATE.table.lookup(self.kernel, key), "tuned"
-            if config is not None and config not in self.candidates:
-                config = None  # a stale table: the space no longer declares this config (renamed, dropped)
+            found = _STATE.table.nearest(self.kernel, key)
+            if found is not None and dict(found[0]["config"]) in self.candidates:  # else stale: renamed, dropped
+                config, source = found[0]["config"], "tuned" if found[1] == 0 else "tuned-nearest"
         if config is None:
             config, source = self.declared(**key), "default"
         config = dict(config)
@@ -164,7 +164,7 @@ class _State:
 
     def __init__(self) -> None:
         self.forced: dict[str, Mapping[str, Any]] = {}
-        self.table: Any = None  # anything with .lookup(kernel, key) -> config | None (spark_bench.tune.store)
+        self.table: Any = None  # a TunedStore (.nearest(kernel, key) -> (entry, distance) | None)
         self.log: list[dict[str, Any]] | None = None
 
 
@@ -195,7 +195,8 @@ def recording() -> Iterator[list[dict[str, Any]]]:
 
 def summarize(picks: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, str]]:
     """A result's `config` (kernel -> the config that ran; a list when one case launched it with several) and
-    `config_source` (kernel -> candidate / tuned / default) from the picks recorded during one call."""
+    `config_source` (kernel -> candidate / tuned / tuned-nearest / default, or mixed) from the picks recorded during
+    one call."""
     configs: dict[str, list[dict[str, Any]]] = {}
     sources: dict[str, str] = {}
     for p in picks:

@@ -90,16 +90,22 @@ class TunedStore:
     def entries(self) -> list[tuple[str, dict[str, Any]]]:
         return [(kernel, e) for kernel in sorted(self.kernels) for e in self.kernels[kernel]]
 
-    def lookup(self, kernel: str, key: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The config of the entry nearest to `key`, or None (the kernel's declared choice then applies). The key is
-        compared as `tune` stored it, through JSON (a torch.dtype as its name, a tuple as a list)."""
+    def nearest(self, kernel: str, key: Mapping[str, Any]) -> tuple[dict[str, Any], float] | None:
+        """(the entry nearest to `key`, its key_distance: 0 at the very key it was tuned at), or None (the kernel's
+        declared choice then applies). The key is compared as `tune` stored it, through JSON (a torch.dtype as its
+        name, a tuple as a list)."""
         key = json.loads(json.dumps(dict(key), default=str))
         best, best_d = None, math.inf
         for entry in self.kernels.get(kernel, ()):
             d = key_distance(entry["key"], key)
             if d < best_d:
                 best, best_d = entry, d
-        return dict(best["config"]) if best is not None else None
+        return (best, best_d) if best is not None else None
+
+    def lookup(self, kernel: str, key: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The config of the entry nearest to `key` (nearest), or None."""
+        found = self.nearest(kernel, key)
+        return dict(found[0]["config"]) if found is not None else None
 
     def put(self, kernel: str, entry: dict[str, Any]) -> None:
         """Add or replace the entry of this kernel and key."""
