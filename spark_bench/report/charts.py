@@ -94,8 +94,7 @@ class OpCharts:
         self.backends = sorted({str(r.get("backend")) for r in every})
         # (run index, backend) whose numbers come from the Triton interpreter: every legend says so
         self.interpreted = {(ri, b) for ri, rs in enumerate(self.per_run) for b in interpreted_backends(rs)}
-        self.unit = time_unit(r for _, r in timed)
-        self.unit_text = "µs" if self.unit == "us" else self.unit
+        self.unit = "µs" if (unit := time_unit(r for _, r in timed)) == "us" else unit  # as the axes name it
         self.x_log = bool(self.swept) and log_scale(r["params"][self.swept] for _, r in timed)
         self.context = timed_on(self.runs, every)  # every chart's subtitle: device(s) and timer(s)
         self.twins = [baseline_twins(rs, baseline) for rs in self.per_run]
@@ -223,10 +222,9 @@ class OpCharts:
 
     # --- the charts ---------------------------------------------------------------------------------------------
     def latency(self) -> dict[str, Any] | None:
-        unit = self.unit_text
         traces = self._lines(lambda r, ri: timing(r)["median"], "",
                              errors=lambda r, ri: (number(timing(r).get("p10")), number(timing(r).get("p90"))))
-        fig = self._figure(f"Latency: median, bars p10–p90 ({unit})", f"time per call ({unit})", traces)
+        fig = self._figure(f"Latency: median, bars p10–p90 ({self.unit})", f"time per call ({self.unit})", traces)
         if fig and self.failed:  # at the chart's floor, so a failing backend or shape is seen, not just missing
             lows = [number(timing(r).get("p10")) or timing(r)["median"] for rs in self.groups.values() for r in rs]
             floor = min((y for y in lows if y > 0), default=1.0)
@@ -356,7 +354,7 @@ class OpCharts:
 
     def box_layout(self) -> dict[str, Any]:
         """The layout of the raw-samples box plot, which the page draws on demand from sample_sets()."""
-        layout = _layout(f"Raw samples per {self.x_title}", self.x_title, f"time per call ({self.unit_text})",
+        layout = _layout(f"Raw samples per {self.x_title}", self.x_title, f"time per call ({self.unit})",
                          categorical=True, y_log=True, subtitle=self.context)
         return layout | {"boxmode": "group", "height": 396}
 
