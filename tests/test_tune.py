@@ -272,6 +272,22 @@ def test_the_budget_cuts_a_round_to_what_the_remaining_time_covers():
     assert session._fit(10, 10.0, walls=[(20.0, 4)]) == 2  # this invocation's rounds: 5 s a case, start-up included
 
 
+def test_a_killed_tunes_timing_counts_against_the_budget_of_its_resume():
+    """spent_s is stored when an invocation ends: a killed one's cases are counted from the journal instead."""
+    from spark_bench.tune.search import TuneSession
+
+    class Journal:
+        def read_results(self):
+            return [{"duration_s": 30.0}, {"duration_s": 50.0}]
+
+    killed = TuneSession(store=Journal(), spec=None, cfg=None, timeout_s=1.0,
+                         tune={"plan": {"items": []}, "spent_s": 12.0, "planning_s": 12.0})
+    assert killed.spent_so_far() == 92.0  # planning + the cases the killed invocation timed
+    ended = TuneSession(store=Journal(), spec=None, cfg=None, timeout_s=1.0,
+                        tune={"plan": {"items": []}, "spent_s": 130.0, "planning_s": 12.0})
+    assert ended.spent_so_far() == 130.0  # what the invocation that ended stored (start-ups included)
+
+
 def test_run_tuned_auto_finds_this_devices_table_and_warns_of_another_devices(tmp_path):
     from spark_bench.fingerprint import device_info
     from spark_bench.tune.cli import load_tuned

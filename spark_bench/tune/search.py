@@ -65,9 +65,9 @@ class TuneSession:
         the_plan = planning.build(base, target, jobs=jobs, say=say, deadline_s=deadline)
         for line in planning.summary_lines(the_plan):
             say(line)
-        tune = {"plan": the_plan, "budget_s": budget_s, "spent_s": round(time.monotonic() - t0, 3),
-                "out": str(out),
-                "target": target, "target_note": note}
+        planning_s = round(time.monotonic() - t0, 3)
+        tune = {"plan": the_plan, "budget_s": budget_s, "spent_s": planning_s, "planning_s": planning_s,
+                "out": str(out), "target": target, "target_note": note}
         timeout_s = timeout if timeout is not None else default_timeout(spec.device)
         store.create({"run_id": run_id, "kind": "tune", "created": results.now(), "finished": None,
                       "fingerprint": fp, "command": list(command),
@@ -121,7 +121,7 @@ class TuneSession:
         from spark_bench.runner import Runner, pending
         from spark_bench.session import estimates, interrupt_says_what_is_kept
 
-        start, spent0 = time.monotonic(), float(self.tune.get("spent_s") or 0.0)
+        start, spent0 = time.monotonic(), self.spent_so_far()
         budget = self.tune.get("budget_s")
         untimed = 0
         walls: list[tuple[float, int]] = []  # (seconds, cases) of each round timed by this invocation
@@ -159,6 +159,13 @@ class TuneSession:
         base_ids = {Case(**i["case"]).case_id for i in self.tune["plan"]["items"]}
         failed = [r for r in records if r["case_id"] in base_ids and r["status"] in results.FAILED]
         return (1 if failed else 0), path
+
+    def spent_so_far(self) -> float:
+        """Seconds of the budget spent before this invocation: what the last one to end stored, or, when a killed
+        one timed cases after that (its spent_s is written only when it ends), planning plus the journal's case
+        durations (worker start-ups aside: a lower bound)."""
+        journal = sum(float(r.get("duration_s") or 0.0) for r in self.store.read_results())
+        return max(float(self.tune.get("spent_s") or 0.0), float(self.tune.get("planning_s") or 0.0) + journal)
 
     def _fit(self, n: int, left: float, walls: list[tuple[float, int]] = ()) -> int:
         """How many of n cases the `left` seconds cover: at the wall time per case of this invocation's rounds
