@@ -6,6 +6,7 @@ Bad requests print one line on stderr and exit 2, like the rest of the CLI.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -17,9 +18,9 @@ from spark_bench.weights.cli import make_spec, weight_options
 from spark_bench.weights.errors import WeightError
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = 2) -> None:
     click.echo(f"spark-bench: error: {message}", err=True)
-    sys.exit(2)
+    sys.exit(code)
 
 
 def _device(device: str | None) -> str:
@@ -27,10 +28,13 @@ def _device(device: str | None) -> str:
 
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device != "cpu" and not device.startswith("cuda"):
+    if device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", device):
         _fail(f"unknown device {device!r}; choose from cpu, cuda, cuda:N")
     if device.startswith("cuda") and not torch.cuda.is_available():
         _fail(f"device {device!r} is not available here (torch.cuda.is_available() is False); use --device cpu")
+    count = torch.cuda.device_count() if device.startswith("cuda:") else 0
+    if device.startswith("cuda:") and int(device[5:]) >= count:
+        _fail(f"device {device!r} does not exist here: {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
     return device
 
 
@@ -72,8 +76,10 @@ def calibrate(device: str | None, as_json: bool, cache: Path | None, force: bool
     if not as_json:
         click.echo(f"calibrating {device} (cache {cache_path(cache)})...", err=True)
     before = {} if force else load_cache(cache)
-    roof = roofline_for(device, measure=True, force=force, cache=cache)
-    measured, sheet = roof["measured"] or {}, roof["datasheet"] or {}
+    roof = roofline_for(device, measure=True, force=force, cache=cache, warn_failure=False)
+    if roof["measured"] is None:
+        _fail(f"no peaks measured on {device}: {roof.get('reason') or 'unknown error'}", code=1)
+    measured, sheet = roof["measured"], roof["datasheet"] or {}
     cached = bool(measured) and before.get(measured.get("fingerprint_id")) == measured
     if as_json:
         click.echo(json.dumps(roof, indent=1))
@@ -118,6 +124,12 @@ def profile(op_name: str, backend: str, sets: tuple[str, ...], dtype: str | None
     from spark_bench.telemetry.profile import ProfileError, format_rows, profile_case, resolve_case, run_ncu
 
     device = _device(device)
+    from spark_bench.results import write_problem
+
+    out = out or Path("results/profile") / f"{op_name}-{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
+    problem = write_problem(out / "kernels.json")  # before profiling: the trace would be lost
+    if problem:
+        _fail(f"--out {out}: {problem}")
     try:
         if ncu:
             import shutil
@@ -128,7 +140,6 @@ def profile(op_name: str, backend: str, sets: tuple[str, ...], dtype: str | None
                 raise ProfileError("--ncu needs a CUDA device (--device cuda)")
         spec = make_spec(weights, layer, routing, activations)
         resolve_case(op_name, backend, sets, dtype, device, weights=spec)  # validate before anything runs
-        out = out or Path("results/profile") / f"{op_name}-{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
         summary = profile_case(op_name, backend, sets=sets, dtype=dtype, device=device, out_dir=out, iters=iters,
                                weights=spec)
         ncu_summary = run_ncu(op_name, backend, sets=sets, dtype=dtype, device=device, out_dir=out) if ncu else None

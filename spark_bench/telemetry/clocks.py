@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any
 
-from spark_bench.telemetry.nvml import CAP_REASONS_MASK, Source, open_source, reason_names
+from spark_bench.telemetry.nvml import CAP_REASONS_MASK, MIG_NOTE, Source, open_source, reason_names
 
 log = logging.getLogger("spark_bench.telemetry")
 
@@ -68,13 +68,14 @@ def preflight(device: Any = 0, *, source: Source | None = None) -> dict[str, Any
     limit, default_limit = source.power_limit_w(), source.default_power_limit_w()
     reasons = source.clock_event_reasons()
     others = [p for p in (source.processes() or []) if p.get("pid") != os.getpid()]
+    power, power_field = source.power_w()
     records = {
         "device_name": source.device_name(), "driver": source.driver_version(), "sm_mhz": sm,
         "mem_mhz": source.mem_clock_mhz(), "default_sm_mhz": default_sm, "temp_c": source.temperature_c(),
-        "power_w": source.power_w()[0], "power_limit_w": limit, "default_power_limit_w": default_limit,
-        "reasons": reason_names(reasons), "other_processes": others, "missing": dict(source.missing),
+        "power_w": power, "power_field": power_field, "power_limit_w": limit, "default_power_limit_w": default_limit,
+        "reasons": reason_names(reasons), "other_processes": others, "mig": source.mig, "missing": dict(source.missing),
     }
-    warnings = []
+    warnings = [MIG_NOTE + ": a net energy per call includes theirs"] if source.mig else []
     if others:
         pids = ", ".join(str(p["pid"]) for p in others[:8])
         warnings.append(f"{len(others)} other process(es) use this GPU (pid {pids}): timings and energy will be "

@@ -7,7 +7,10 @@ The counter (mJ, Volta+) only moves every ~10-100 ms, so `measure_energy`:
    window exactly on counter updates (polled after each call), so the energy read is the energy of that interval;
 4. cross-checks the counter against instant power (NVML_FI_DEV_POWER_INSTANT) sampled every 20 ms on a helper
    thread and integrated, and records SM/memory clocks, temperature, power limits and clock-event reasons.
-Without an energy counter the integrated instant power becomes the primary number (`source` says which).
+Without an energy counter the integrated instant power becomes the primary number (`source` says which). Where only
+NVML's ~1 s averaged reading exists, both windows open 1 s late so it no longer holds earlier power; `sampling` says
+whether the samples' phases covered the op's invocation cycle (if not, their average is aliased: a warning says so);
+idle and busy power are subtracted from one meter.
 Without NVML every number is None and `reason` says why; nothing raises.
 """
 
@@ -19,12 +22,15 @@ from collections.abc import Callable
 from typing import Any
 
 from spark_bench.telemetry.clocks import ThrottleGuard, throttle_findings
-from spark_bench.telemetry.nvml import Source, open_source
-from spark_bench.telemetry.sampler import Sampler, integrate_power, summarize
+from spark_bench.telemetry.nvml import MIG_NOTE, Source, open_source
+from spark_bench.telemetry.sampler import Sampler, integrate_power, phase_coverage, summarize
 
 COUNTER = "nvml-energy-counter"
 DISAGREE_WARN = 0.15  # counter vs integrated instant power
 MAX_PLAUSIBLE_W = 5000.0  # above this a counter difference is a reset, not energy
+AVERAGED_POWER_S = 1.0  # NVML's default power reading (nvml-power-usage) averages ~1 s on GA100+: let it settle
+ALIASED_COVERAGE = 0.5  # sampled power that saw less of the op's invocation cycle than this is aliased
+MIN_PHASE_SAMPLES = 8  # fewer samples than this leave gaps by chance: no aliasing verdict
 
 POWER_KEYS = (
     "avg_w", "net_w", "idle_w", "energy_j_per_call", "energy_j_per_call_gross", "energy_j_per_call_uncertainty",
@@ -32,7 +38,7 @@ POWER_KEYS = (
     "calls_per_invocation", "invocation_s", "update_period_s", "cross_check", "gflop_per_j", "gflop_per_j_gross",
     "j_per_token", "j_per_token_gross", "sm_mhz_min", "sm_mhz_median", "mem_mhz_median", "default_sm_mhz",
     "temp_c_max", "power_limit_w", "default_power_limit_w", "throttle_reasons", "throttled", "throttle",
-    "source", "sources", "attempts", "warnings", "missing", "reason", "regime",
+    "source", "sources", "attempts", "warnings", "missing", "reason", "regime", "sampling",
 )
 
 
@@ -94,6 +100,7 @@ class Window:
     energy_j: float | None  # from the counter; None: use the sampled power
     half_gaps_s: float  # edge-time uncertainty, both ends
     invocations: int  # op invocations inside [t0, t1] (busy windows)
+    ends: list[float] = dataclasses.field(default_factory=list)  # when each invocation ended (busy windows)
 
     @property
     def seconds(self) -> float:
@@ -110,8 +117,10 @@ def _counter_window(source: Source, head: Edge | None, tail: Edge | None, n: int
     return Window(head.t, tail.t, energy, head.half_gap_s + tail.half_gap_s, n)
 
 
-def _idle_window(source: Source, seconds: float, counter: bool, poll_s: float, timeout_s: float) -> Window:
+def _idle_window(source: Source, seconds: float, counter: bool, poll_s: float, timeout_s: float,
+                 settle_s: float = 0.0) -> Window:
     pause = lambda: source.sleep(poll_s)
+    source.sleep(settle_s)  # an averaged power reading still holds the last call's power
     head = wait_edge(source, pause, timeout_s) if counter else None
     t0 = head.t if head else source.now()
     source.sleep(max(0.0, seconds - (source.now() - t0)))
@@ -121,12 +130,13 @@ def _idle_window(source: Source, seconds: float, counter: bool, poll_s: float, t
 
 def _busy_window(source: Source, call: Callable[[], Any], seconds: float, ramp_s: float, counter: bool,
                  timeout_s: float) -> Window:
-    n = 0
+    n, ends = 0, []
 
     def step() -> None:
         nonlocal n
         call()
         n += 1
+        ends.append(source.now())
 
     start = source.now()
     step()
@@ -137,7 +147,9 @@ def _busy_window(source: Source, call: Callable[[], Any], seconds: float, ramp_s
     while source.now() - t0 < seconds:
         step()
     tail = wait_edge(source, step, timeout_s) if counter else None
-    return _counter_window(source, head, tail, n - n0) or Window(t0, source.now(), None, 0.0, n - n0)
+    window = _counter_window(source, head, tail, n - n0) or Window(t0, source.now(), None, 0.0, n - n0)
+    window.ends = ends
+    return window
 
 
 def _power_of(window: Window, sampler: Sampler) -> tuple[float | None, float, str | None]:
@@ -173,8 +185,9 @@ def measure_energy(call: Callable[[], Any], device: Any = 0, *, calls_per_invoca
 
 def _measure(call, source, cpi, min_window_s, period_multiple, baseline_fraction, max_window_s, flops, tokens,
              sample_period_s, update_period_s, retries) -> dict[str, Any]:
-    warnings: list[str] = []
+    warnings: list[str] = [MIG_NOTE] if source.mig else []
     counter = source.energy_mj() is not None
+    lag = AVERAGED_POWER_S if source.power_w()[1] == "nvml-power-usage" else 0.0
     period = update_period_s or source.update_period_s
     if counter and period is None:
         period = source.update_period_s = infer_update_period(source)
@@ -190,10 +203,10 @@ def _measure(call, source, cpi, min_window_s, period_multiple, baseline_fraction
     guard = ThrottleGuard(source)
     try:
         baseline_s = max(window_s * baseline_fraction, 3 * (period or 0.0))
-        idle = _idle_window(source, baseline_s, counter, 1e-3, timeout)
+        idle = _idle_window(source, baseline_s, counter, 1e-3, timeout, settle_s=lag)
         for attempt in range(1, retries + 2):
-            busy = _busy_window(source, call, window_s, min(period or sample_period_s, 0.2 * window_s), counter,
-                                timeout)
+            busy = _busy_window(source, call, window_s, max(min(period or sample_period_s, 0.2 * window_s), lag),
+                                counter, timeout)
             stats = summarize(sampler.between(busy.t0, busy.t1))
             findings = throttle_findings(stats["sm_mhz_median"], guard.default_sm_mhz, stats["reasons_mask"])
             if not findings or attempt > retries:
@@ -206,6 +219,16 @@ def _measure(call, source, cpi, min_window_s, period_multiple, baseline_fraction
 
     avg_w, unc_w, avg_source = _power_of(busy, sampler)
     idle_w, idle_unc_w, idle_source = _power_of(idle, sampler)
+    if avg_w is not None and idle_w is not None and avg_source != idle_source:  # one meter for the subtraction
+        sampled = [_power_of(dataclasses.replace(w, energy_j=None), sampler) for w in (busy, idle)]
+        if sampled[0][0] is not None and sampled[1][0] is not None:
+            (avg_w, unc_w, avg_source), (idle_w, idle_unc_w, idle_source) = sampled
+            warnings.append("the energy counter covered only one of the idle baseline and the window: both powers "
+                            f"are {avg_source}, so the subtraction uses one meter")
+        else:
+            idle_w = idle_unc_w = None
+            warnings.append(f"the idle baseline ({idle_source}) and the window ({avg_source}) come from different "
+                            "meters: no net energy per call")
     if avg_w is None:
         return {**null_power("no energy counter and no power reading on this GPU"), "missing": dict(source.missing)}
     out = null_power("")
@@ -214,7 +237,14 @@ def _measure(call, source, cpi, min_window_s, period_multiple, baseline_fraction
                calls=busy.invocations * cpi, update_period_s=period if counter else None,
                invocation_s=busy.seconds / busy.invocations if busy.invocations else None,
                source=avg_source, attempts=attempt, warnings=warnings, missing=dict(source.missing),
-               sources={"avg_w": avg_source, "idle_w": idle_source, "clocks": "nvml-sampled"})
+               sources={"avg_w": avg_source, "idle_w": idle_source, "clocks": "nvml-sampled"},
+               sampling=_sampling(busy, sampler))
+    aliased = out["sampling"]["aliased"]
+    if aliased:
+        cycle = busy.seconds / busy.invocations
+        warnings.append(f"sampled power saw {out['sampling']['phase_coverage']:.0%} of the op's {1e3 * cycle:.3g} ms "
+                        f"invocation cycle (a sample every {1e3 * sampler.period_s:.0f} ms, in step with it): its "
+                        "average is aliased" + ("" if avg_source == COUNTER else f" and is avg_w ({avg_source})"))
     if busy.invocations:
         gross = avg_w * busy.seconds / busy.invocations / cpi
         out["energy_j_per_call_gross"] = gross
@@ -235,7 +265,7 @@ def _measure(call, source, cpi, min_window_s, period_multiple, baseline_fraction
         out["cross_check"] = {"avg_w": instant, "rel_diff": rel, "samples": stats["samples"],
                               "source": f"{sampler.power_source}-integrated"}
         out["sources"]["cross_check"] = out["cross_check"]["source"]
-        if rel is not None and abs(rel) > DISAGREE_WARN:
+        if rel is not None and abs(rel) > DISAGREE_WARN and not aliased:
             warnings.append(f"energy counter ({avg_w:.1f} W) and integrated {sampler.power_source} "
                             f"({instant:.1f} W) disagree by {100 * rel:+.0f}%")
     out.update(sm_mhz_min=stats["sm_mhz_min"], sm_mhz_median=stats["sm_mhz_median"],
@@ -244,6 +274,19 @@ def _measure(call, source, cpi, min_window_s, period_multiple, baseline_fraction
                default_power_limit_w=source.default_power_limit_w(), throttle_reasons=stats["reasons"],
                throttle=findings, throttled=bool(findings))
     return out
+
+
+def _sampling(busy: Window, sampler: Sampler) -> dict[str, Any]:
+    """How the busy window was sampled: period, samples with a power reading, the share of the op's invocation
+    cycle their phases cover, and whether that makes their average aliased (never for the ~1 s averaged reading,
+    which smooths any cycle shorter than its average)."""
+    times = [r["t"] for r in sampler.between(busy.t0, busy.t1) if r.get("power_w") is not None]
+    coverage = phase_coverage(times, busy.ends)
+    cycle = busy.seconds / busy.invocations if busy.invocations else 0.0
+    smoothed = sampler.power_source == "nvml-power-usage" and cycle < AVERAGED_POWER_S
+    aliased = (coverage is not None and len(times) >= MIN_PHASE_SAMPLES and coverage < ALIASED_COVERAGE
+               and not smoothed)
+    return {"period_s": sampler.period_s, "samples": len(times), "phase_coverage": coverage, "aliased": aliased}
 
 
 def _efficiency(flops: float | None, tokens: float | None, net_j: float | None, gross_j: float) -> dict[str, Any]:

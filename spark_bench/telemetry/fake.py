@@ -6,6 +6,8 @@ call does). The energy counter publishes the true integrated energy (floored to 
 `energy_modulus`) only at multiples of `update_period_s` after `update_phase_s`. Periodic callbacks (`every`) fire at
 their exact virtual times, so a sampler sees the power of the segment in progress.
 
+`average_window_s` > 0 makes `power_average_w` the mean power over that trailing window (NVML's default reading on
+GA100+ averages ~1 s); 0 reads it instantly. `mig=True` scripts a GPU with MIG enabled.
 Any scalar setting may be a callable (t, busy) -> value to script it over time. `missing` names readings the device
 lacks (energy, power_instant, power_average, sm_clock, mem_clock, default_sm_clock, temperature, power_limit,
 default_power_limit, clock_event_reasons, processes).
@@ -38,8 +40,11 @@ class FakeSource(Source):
                  idle_sm_mhz: Any | None = None, mem_mhz: Any = 3201.0, default_sm_mhz: float = 1980.0,
                  temp_c: Any = 45.0, power_limit_w: float = 700.0, default_power_limit_w: float = 700.0,
                  reasons: Any = 0, processes: Iterable[dict[str, Any]] = (), missing: Iterable[str] = (),
-                 name: str = "Fake H200", start_t: float = 1_000_000.0) -> None:
+                 name: str = "Fake H200", start_t: float = 1_000_000.0, average_window_s: float = 0.0,
+                 mig: bool | None = False) -> None:
         super().__init__()
+        self.average_window_s, self.mig = average_window_s, mig
+        self._history: list[tuple[float, float, float]] = []  # (start, end, W) segments, for average_window_s
         self.idle_w, self.busy_w, self.instant_scale = idle_w, busy_w, instant_scale
         self.update_period_s_true, self.energy_modulus = update_period_s, energy_modulus
         self.energy_start_mj, self.read_latency_s = energy_start_mj, read_latency_s
@@ -99,6 +104,8 @@ class FakeSource(Source):
             due = min((tm.due for tm in self._timers), default=math.inf)
             step_to = min(target, self.next_update, due)
             self.true_mj += self._power() * (step_to - self.t) * 1e3
+            if self.average_window_s > 0 and step_to > self.t:
+                self._history.append((self.t, step_to, self._power()))
             self.t = step_to
             if self.t >= self.next_update:
                 self.published_mj = self.true_mj
@@ -125,7 +132,14 @@ class FakeSource(Source):
         return self._reading("power_instant", lambda: self._power() * self.instant_scale)
 
     def power_average_w(self) -> float | None:
-        return self._reading("power_average", self._power)
+        return self._reading("power_average", self._averaged if self.average_window_s > 0 else self._power)
+
+    def _averaged(self) -> float:
+        t0 = self.t - self.average_window_s
+        self._history = [seg for seg in self._history if seg[1] > t0]
+        joules = sum(w * (end - max(start, t0)) for start, end, w in self._history)
+        covered = sum(end - max(start, t0) for start, end, _ in self._history)
+        return joules / covered if covered > 0 else self._power()
 
     def sm_clock_mhz(self) -> float | None:
         idle = self.idle_sm_mhz if self.idle_sm_mhz is not None else self.sm_mhz

@@ -10,11 +10,14 @@ Nothing here changes clocks or power settings: every NVML call is a read.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger("spark_bench.telemetry")
 
 ENERGY_MODULUS = 2**64  # nvmlDeviceGetTotalEnergyConsumption is an unsigned 64-bit count of mJ
 
@@ -32,6 +35,11 @@ CLOCK_EVENT_REASONS = {
 }
 # Reasons that mean the clock was pulled down by a power or thermal limit (nvbench discards such samples).
 CAP_REASONS_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+# NVML errors that mean a reading will never work on this device or driver (NOT_SUPPORTED, NO_PERMISSION,
+# FUNCTION_NOT_FOUND): asked once, then skipped. Any other error (UNKNOWN, TIMEOUT, ...) fails that one reading only.
+PERMANENT_NVML_ERRORS = (3, 4, 13)
+MIG_NOTE = ("MIG is enabled on this GPU: NVML's power and energy are the whole GPU's, other MIG instances' work "
+            "included")
 
 
 def reason_names(mask: int | None) -> list[str]:
@@ -43,7 +51,8 @@ def reason_names(mask: int | None) -> list[str]:
 
 
 class Periodic:
-    """Calls fn() every period_s in a daemon thread until stop(); an exception is kept in `error` and ends it."""
+    """Calls fn() every period_s in a daemon thread until stop(); an exception is kept in `error`, logged as a
+    warning (a timeline that stops silently would claim nothing was throttled) and ends it."""
 
     def __init__(self, period_s: float, fn: Callable[[], None], name: str = "spark-bench-sampler") -> None:
         self.period_s, self.fn, self.error = period_s, fn, None
@@ -58,6 +67,7 @@ class Periodic:
                 self.fn()
             except Exception as exc:  # a failing reading must not kill the process
                 self.error = exc
+                log.warning("%s stopped sampling: %s: %s", self._thread.name, type(exc).__name__, exc)
                 return
             next_t += self.period_s
             delay = next_t - time.monotonic()
@@ -80,6 +90,7 @@ class Source:
         self.missing: dict[str, str] = {}
         self.update_period_s: float | None = None  # energy counter update period, once inferred (energy.py)
         self.power_field: str | None = None  # which reading power_w() used last
+        self.mig: bool | None = None  # MIG enabled on the GPU (power and energy then cover every instance)
 
     # --- clock ----------------------------------------------------------------------------------------------------
     def now(self) -> float:
@@ -166,6 +177,7 @@ class NvmlSource(Source):
         import pynvml
 
         self.nvml = pynvml
+        self._unsupported: set[str] = set()  # fields asked once and refused for good (PERMANENT_NVML_ERRORS)
         pynvml.nvmlInit()
         try:
             self.handle = self._by_uuid(uuid) or pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -173,23 +185,45 @@ class NvmlSource(Source):
             pynvml.nvmlShutdown()
             raise
         self.index = index
+        self.handle, self.mig = self._whole_gpu(self.handle)
 
     def _by_uuid(self, uuid: str | None) -> Any:
+        # torch spells a MIG instance's UUID without NVML's "MIG-" prefix (nvml_index adds "GPU-"): try both
+        spellings = [uuid, "MIG-" + uuid[4:]] if uuid and uuid.startswith("GPU-") else [uuid] if uuid else []
+        for spelling in spellings:
+            try:
+                return self.nvml.nvmlDeviceGetHandleByUUID(spelling)
+            except Exception:  # an oddly spelled UUID: fall back to the index
+                continue
+        return None
+
+    def _whole_gpu(self, handle: Any) -> tuple[Any, bool | None]:
+        """(the GPU's handle, whether MIG is enabled on it): a MIG instance's handle has no power readings of its own;
+        its parent GPU's readings are the whole GPU's. None: NVML could not say (an older driver or library)."""
         try:
-            return self.nvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else None
-        except Exception:  # a MIG or oddly spelled UUID: fall back to the index
-            return None
+            if self.nvml.nvmlDeviceIsMigDeviceHandle(handle):
+                return self.nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle), True
+            return handle, self.nvml.nvmlDeviceGetMigMode(handle)[0] == self.nvml.NVML_DEVICE_MIG_ENABLE
+        except self.nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == self.nvml.NVML_ERROR_NOT_SUPPORTED:  # a GPU without MIG
+                return handle, False
+            return handle, None
+        except Exception:
+            return handle, None
 
     def _read(self, field: str, fn: Callable[[], Any], scale: float = 1.0) -> Any:
-        if field in self.missing:
+        if field in self._unsupported:
             return None
         try:
             value = fn()
         except self.nvml.NVMLError as exc:
             self.missing[field] = f"{type(exc).__name__}: {exc}"
+            if getattr(exc, "value", None) in PERMANENT_NVML_ERRORS:
+                self._unsupported.add(field)
             return None
         except AttributeError as exc:  # an older nvidia-ml-py without this call
             self.missing[field] = f"nvidia-ml-py lacks it: {exc}"
+            self._unsupported.add(field)
             return None
         return value * scale if scale != 1.0 else value
 
@@ -293,10 +327,12 @@ def nvml_index(device: int | str | Any) -> tuple[int, str | None]:
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     if visible and all(v.isdigit() for v in visible) and n < len(visible):
         return int(visible[n]), uuid
+    if uuid is None and n < len(visible) and visible[n].startswith(("GPU-", "MIG-")):
+        uuid = visible[n]  # CUDA_VISIBLE_DEVICES by UUID: NVML's index n is another GPU
     return n, uuid
 
 
-_OPEN: dict[int, NvmlSource] = {}
+_OPEN: dict[Any, NvmlSource] = {}  # by UUID where known, else NVML index
 _FAILURE: str | None = None
 
 
@@ -309,8 +345,9 @@ def open_source(device: int | str | Any = 0) -> tuple[Source | None, str | None]
         index, uuid = nvml_index(device)
     except ValueError as exc:
         return None, str(exc)
-    if index in _OPEN:
-        return _OPEN[index], None
+    key = uuid or index
+    if key in _OPEN:
+        return _OPEN[key], None
     try:
         import pynvml  # noqa: F401
     except ImportError:
@@ -323,5 +360,5 @@ def open_source(device: int | str | Any = 0) -> tuple[Source | None, str | None]
         if type(exc).__name__ in ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded"):
             _FAILURE = reason  # no driver in this process: do not ask again
         return None, reason
-    _OPEN[index] = source
+    _OPEN[key] = source
     return source, None

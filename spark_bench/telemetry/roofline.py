@@ -204,21 +204,29 @@ def store(entry: dict[str, Any], path: str | Path | None = None) -> Path:
 
 
 def roofline_for(device: str = "cuda", *, measure: bool = False, force: bool = False,
-                 cache: str | Path | None = None) -> dict[str, Any]:
+                 cache: str | Path | None = None, warn_failure: bool = True) -> dict[str, Any]:
     """{"measured": cached (or, with measure=True, freshly measured) peaks of this device or None,
-    "datasheet": its datasheet row or None} — the run.json `roofline` field. Never raises. A CPU measured while busy
-    (calibrate.was_busy) is returned but not cached, unless force (`spark-bench calibrate --force` asks for it)."""
+    "datasheet": its datasheet row or None} — the run.json `roofline` field; `reason` (one line) is added when the
+    device could not be identified or measuring failed (a warning on stderr unless warn_failure=False). Never raises.
+    A CPU measured while busy (calibrate.was_busy) is returned but not cached, unless force (`spark-bench calibrate
+    --force` asks for it)."""
     try:
         ident = device_identity(device)
-    except Exception:
-        return {"measured": None, "datasheet": None}
+    except Exception as exc:
+        return {"measured": None, "datasheet": None, "reason": _one_line("device not identified", exc)}
     info = ident["device"]
     datasheet = datasheet_for(info.get("name"), info.get("memory_bytes")) if info.get("type") == "cuda" else None
     measured = None if force else load_cache(cache).get(ident["fingerprint_id"])
     if measured is None and (measure or force):
         from spark_bench.telemetry.calibrate import calibrate
 
-        measured = calibrate(device, identity=ident)
+        try:
+            measured = calibrate(device, identity=ident)
+        except Exception as exc:  # out of memory, a driver error: this run has no measured peaks
+            why = _one_line("measuring the peaks failed", exc)
+            if warn_failure:
+                print(f"warning: {why}: % of measured peak is left out", file=sys.stderr)
+            return {"measured": None, "datasheet": datasheet, "reason": why}
         if force or not measured.get("busy"):  # busy: this run uses the low peaks (labelled); the next re-measures
             try:
                 store(measured, cache)
@@ -226,6 +234,11 @@ def roofline_for(device: str = "cuda", *, measure: bool = False, force: bool = F
                 print(f"warning: roofline cache {cache_path(cache)} not written ({exc.strerror or exc}): the next "
                       "run measures the peaks again", file=sys.stderr)
     return {"measured": measured, "datasheet": datasheet}
+
+
+def _one_line(what: str, exc: Exception) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{what} ({type(exc).__name__}: {first})" if first else f"{what} ({type(exc).__name__})"
 
 
 def now_iso() -> str:

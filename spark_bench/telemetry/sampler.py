@@ -8,6 +8,7 @@ can report its own phase times). The file format is in docs/telemetry.md.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import statistics
@@ -76,6 +77,23 @@ def integrate_power(samples: list[dict[str, Any]]) -> tuple[float | None, float 
         return None, None
     energy = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(points, points[1:], strict=False))
     return energy / (points[-1][0] - points[0][0]), energy
+
+
+def phase_coverage(times: list[float], cycle_ends: list[float]) -> float | None:
+    """The share (0..1) of an op's invocation cycle that samples at `times` saw: 1 - the largest gap between their
+    phases within the invocation each fell in (`cycle_ends`: when each invocation ended, ascending). Samples in step
+    with the invocations (a period near a multiple of the cycle) see one phase: their average is aliased.
+    None with fewer than 2 samples inside the invocations."""
+    phases = []
+    for t in times:
+        i = bisect.bisect_right(cycle_ends, t)
+        if 0 < i < len(cycle_ends) and cycle_ends[i] > cycle_ends[i - 1]:
+            phases.append((t - cycle_ends[i - 1]) / (cycle_ends[i] - cycle_ends[i - 1]))
+    if len(phases) < 2:
+        return None
+    phases.sort()
+    gaps = [b - a for a, b in zip(phases, phases[1:], strict=False)] + [1.0 - phases[-1] + phases[0]]
+    return 1.0 - max(gaps)
 
 
 def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -184,6 +202,7 @@ class RunTelemetry:
                 return None, reason
         header = {"device": str(device), "device_name": source.device_name(), "driver": source.driver_version(),
                   "source": source.kind, "period_s": period_s, "created": time.time(),
+                  "power_field": source.power_w()[1], "mig": source.mig,
                   "default_sm_mhz": source.default_sm_clock_mhz(), "power_limit_w": source.power_limit_w(),
                   "default_power_limit_w": source.default_power_limit_w()}
         tele = cls(source, TelemetryLog(Path(run_dir) / FILENAME, header), period_s)
