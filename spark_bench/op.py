@@ -44,12 +44,14 @@ SHARED_AXES = {
 
 @dataclasses.dataclass(frozen=True)
 class Axis:
-    """One parameter axis. `values` is the full (GPU) sweep, `quick` the `--quick`/CPU sweep."""
+    """One parameter axis. `values` is the full (GPU) sweep, `quick` the `--quick`/CPU sweep, `also` what `--set`
+    (or a weight file) may give besides them: never swept unless asked for."""
 
     name: str
     values: Sequence[Any]
     quick: Sequence[Any] | None = None
     doc: str = ""
+    also: Sequence[Any] = ()
 
     def sweep(self, quick: bool) -> list[Any]:
         return list(self.quick if quick and self.quick is not None else self.values)
@@ -80,7 +82,7 @@ class Axis:
             if not math.isfinite(value):  # a typo would otherwise run, and blame the backends for its NaNs
                 raise ValueError(f"axis {self.name!r} takes finite numbers, not {text!r}")
             return value
-        known = list(dict.fromkeys([*self.values, *(self.quick or [])]))
+        known = list(dict.fromkeys([*self.values, *(self.quick or []), *self.also]))
         if known and text not in known:
             raise ValueError(f"axis {self.name!r} has no value {text!r}; choose from {', '.join(map(str, known))}")
         return text

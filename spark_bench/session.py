@@ -184,14 +184,13 @@ def check_same_device(path: Path, run: dict[str, Any], device: str, what: str = 
     """A resumed run or tune must time on the device and stack its first cases timed on: ResultsError (one line,
     naming what differs) when this machine's fingerprint is not its run.json's: one run would mix two devices."""
     from spark_bench.devices import check_device
-    from spark_bench.fingerprint import fingerprint, stack_differences
+    from spark_bench.fingerprint import fingerprint, stack_difference
 
     stored, now = run.get("fingerprint") or {}, fingerprint(check_device(device))
-    diffs = stack_differences(stored, now)
-    if diffs or stored.get("fingerprint_id") != now["fingerprint_id"]:
+    if stored.get("fingerprint_id") != now["fingerprint_id"]:
         name, here = (stored.get("device") or {}).get("name") or "another device", now["device"].get("name")
         where = f"on this {here} with another stack" if name == here else f"on {name}, not on this {here}"
-        raise results.ResultsError(f"{path} was {what} {where} ({', '.join(diffs) or 'fingerprint_id differs'}): "
+        raise results.ResultsError(f"{path} was {what} {where} ({stack_difference(stored, now)}): "
                                    "resuming here would mix two devices' timings in one run; start a new one")
 
 

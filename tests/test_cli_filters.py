@@ -96,3 +96,15 @@ def test_ignored_options_are_usage_errors(args, needle):
 def test_history_repo_outside_a_git_work_tree(tmp_path):
     err = one_line_error("history", "check", "--since", "2000-01-01", "--repo", tmp_path)
     assert "is not in a git work tree" in err
+
+
+def test_an_axis_value_given_besides_the_sweep_is_accepted_but_not_swept():
+    """Axis.also: moe.layer's shared_format sweeps `routed` only; --set takes bf16 too, and nothing else."""
+    code, out, err = run_cli("run", "--op", "moe.layer", "--backend", "torch", "--quick", "--dry-run")
+    assert code == 0, err
+    assert "shared_format=routed" in out and "shared_format=bf16" not in out
+    code, out, err = run_cli("run", "--op", "moe.layer", "--backend", "torch", "--quick", "--set",
+                             "shared_format=bf16", "--dry-run")
+    assert code == 0 and "shared_format=bf16" in out and "shared_format=routed" not in out, (out, err)
+    err = one_line_error("run", "--op", "moe.layer", "--set", "shared_format=fp8", "--dry-run")
+    assert "axis 'shared_format' has no value 'fp8'; choose from routed, bf16" in err

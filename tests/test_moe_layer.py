@@ -50,9 +50,10 @@ def test_shared_reference_is_the_dense_formula():
     assert SHARED.invalid_reason({"tokens": 1, "hidden": 72, "inter": 256, "format": "q2k_q3k"}) is not None
 
 
-def layer_params(tokens, fmt="bf16", hidden=64, experts=8, topk=2, inter=48, groups=4, topk_groups=2):
+def layer_params(tokens, fmt="bf16", hidden=64, experts=8, topk=2, inter=48, groups=4, topk_groups=2,
+                 shared_format="routed"):
     return {"tokens": tokens, "hidden": hidden, "experts": experts, "topk": topk, "inter": inter, "groups": groups,
-            "topk_groups": topk_groups, "routed_scaling_factor": 2.5, "format": fmt}
+            "topk_groups": topk_groups, "routed_scaling_factor": 2.5, "format": fmt, "shared_format": shared_format}
 
 
 LAYER_CASES = [  # (backend, seed, tokens, format, groups, topk_groups): GGUF shapes are 4x larger, so fewer
@@ -106,6 +107,28 @@ def test_shared_expert_runs_as_routed_expert_e(seed, tokens, topk, experts):
     for case in (inputs, apart):
         check = check_outputs(LAYER, call(LAYER, "triton", case), ref, case, "bf16")
         assert check["ok"], check["message"]
+
+
+@pytest.mark.parametrize("backend, seed, tokens", [("triton", 12, 3), ("torch", 13, 6)])
+def test_layer_with_a_bf16_shared_expert_beside_gguf_routed_experts(backend, seed, tokens):
+    """shared_format=bf16 (as GGUF files keep it, or a Q6_K one dequantized at load): the shared expert runs apart in
+    bf16, the routed experts in Q2_K/Q3_K; the result is the reference's, and the cost counts 2 B a shared weight."""
+    p = layer_params(tokens, "q2k_q3k", hidden=256, inter=256, experts=4, groups=1, topk_groups=1,
+                     shared_format="bf16")
+    assert LAYER.invalid_reason(p) is None
+    inputs = LAYER.make_inputs(p, seed=seed)
+    assert inputs["w13"].dtype == torch.uint8 and inputs["shared_w13"].dtype == torch.bfloat16
+    assert [name for name, _ in LAYER.backends[backend].stages(inputs)] == ["router", "experts", "shared_expert",
+                                                                            "add"]
+    x, w13, w2 = inputs["x"], inputs["shared_w13"][0], inputs["shared_w2"][0]
+    shared_alone = dense_formula(x, w13[:256], w13[256:], w2)
+    routed_alone = {**inputs, "shared_w13": torch.zeros_like(inputs["shared_w13"])}
+    torch.testing.assert_close(LAYER.reference(**inputs).double() - LAYER.reference(**routed_alone).double(),
+                               shared_alone, rtol=1e-3, atol=1e-3)
+    check = check_outputs(LAYER, call(LAYER, backend, inputs), LAYER.reference(**inputs), inputs, "bf16")
+    assert check["ok"], check["message"]
+    gguf_shared = LAYER.cost({**p, "shared_format": "routed"}, "bf16").bytes
+    assert LAYER.cost(p, "bf16").bytes - gguf_shared == pytest.approx(3 * 256 * 256 * (2 - (2 * 84 + 110) / 768))
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])

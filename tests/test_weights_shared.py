@@ -60,11 +60,13 @@ def test_a_q6_k_shared_expert_is_dequantized_for_the_ops_that_run_it(files, kind
         check = check_outputs(shared, shared.backends["torch"].fn(**s_inputs), shared.reference(**s_inputs), s_inputs,
                               "bf16")
         assert check["ok"], check["message"]
-        # the cost counts the dequantized shared expert at 2 bytes a weight
-        D, I = p["hidden"], p["inter"]
+        assert p["shared_format"] == "bf16"  # the file fixes the axis: the case id says what ran
         with_q = layer.cost(p, "bf16").bytes
-    without = layer.cost(p, "bf16").bytes  # no source active: the shared expert in the routed format
-    assert with_q - without == pytest.approx(3 * I * D * (2 - (2 * 84 + 110) / 3 / 256))
+    # the cost is a function of the point (not of the active source): the dequantized shared expert at 2 B a weight
+    D, I = p["hidden"], p["inter"]
+    assert layer.cost(p, "bf16").bytes == with_q
+    assert with_q - layer.cost({**p, "shared_format": "routed"}, "bf16").bytes == \
+        pytest.approx(3 * I * D * (2 - (2 * 84 + 110) / 3 / 256))
     stored = "Q6_K" if kind == "q6_k" else "Q2_K/Q6_K"
     assert f"shared expert {stored} dequantized to bf16" in case_label(src, layer, p)
     assert "shared expert" not in case_label(src, reg.get("moe.router"), _point(reg.get("moe.router"), spec))

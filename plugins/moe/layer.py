@@ -4,9 +4,10 @@
 
 Calling convention: backend(x=[T, D] bf16, gate_w, gate_bias, gate_bias_host, topk, groups, topk_groups,
 routed_scaling_factor (as moe.router), w13, w2 (routed, as moe.experts / moe.experts_gguf for `format`),
-shared_w13=[1, 2I, D], shared_w2=[1, D, I] (in shared_format: `format`, or bf16 for a file's shared expert stored
-in a type the ops do not take, dequantized at load), shared_ids=[T, 1] zeros, shared_weights=[T, 1] ones, format,
-shared_format) -> out [T, D] bf16. Every backend declares `stages` for the per-stage breakdown: router, experts,
+shared_w13=[1, 2I, D], shared_w2=[1, D, I] (in the shared expert's format: `format` at axis shared_format=routed,
+or bf16: a file's shared expert stored in a type the ops do not take, dequantized at load, or `--set
+shared_format=bf16`), shared_ids=[T, 1] zeros, shared_weights=[T, 1] ones, format, shared_format (the format
+name)) -> out [T, D] bf16. Every backend declares `stages` for the per-stage breakdown: router, experts,
 shared_expert, add; or, for triton with the shared expert stacked after the routed ones (make_inputs stacks them:
 common.stack_shared), router (K routed slots + the shared one, in one launch) and experts (routed and shared in
 one set of expert launches; the slots summed in fp32, so no add). Backends: triton (all ours), triton_host (the
@@ -36,8 +37,9 @@ def make_inputs(p, *, device, dtype, seed):
     T, D, E, I, fmt = p["tokens"], p["hidden"], p["experts"], p["inter"], p["format"]
     gate_w, gate_bias = common.router_weights(E, D, gen, device=device, x_std=common.X_STD)
     w13, w2 = common.format_weights(fmt, E, D, I, gen, device=device)
-    shared_w13, shared_w2 = common.format_weights(fmt, 1, D, I, gen, device=device)
-    (w13, shared_w13), (w2, shared_w2) = common.stack_shared(w13, shared_w13), common.stack_shared(w2, shared_w2)
+    shared_w13, shared_w2 = common.format_weights(shared_format(p), 1, D, I, gen, device=device)
+    if shared_format(p) == fmt:  # one [E + 1] tensor: triton runs the shared expert in the routed launches
+        (w13, shared_w13), (w2, shared_w2) = common.stack_shared(w13, shared_w13), common.stack_shared(w2, shared_w2)
     shared_ids, shared_weights = shared_expert.single_expert_routing(T, device)
     return {
         "x": randn((T, D), gen, dtype=dtype, device=device, std=common.X_STD),
@@ -45,12 +47,12 @@ def make_inputs(p, *, device, dtype, seed):
         "topk": p["topk"], "groups": p["groups"], "topk_groups": p["topk_groups"],
         "routed_scaling_factor": p["routed_scaling_factor"],
         "w13": w13, "w2": w2, "shared_w13": shared_w13, "shared_w2": shared_w2,
-        "shared_ids": shared_ids, "shared_weights": shared_weights, "format": fmt, "shared_format": fmt,
+        "shared_ids": shared_ids, "shared_weights": shared_weights, "format": fmt, "shared_format": shared_format(p),
     }
 
 
 def _shared(kind, inputs):
-    x, fmt = inputs["x"], inputs.get("shared_format", inputs["format"])
+    x, fmt = inputs["x"], inputs["shared_format"]
     if kind == "torch":
         return shared_expert.torch_shared(x, inputs["shared_w13"], inputs["shared_w2"], fmt)
     return common.experts_impl(kind, fmt)(x, inputs["shared_ids"], inputs["shared_weights"], inputs["shared_w13"],
@@ -140,7 +142,7 @@ def compare(out, ref, inputs, dtype):
 def cost(p, dtype):
     T, D, E, K, I = p["tokens"], p["hidden"], p["experts"], p["topk"], p["inter"]
     b13, b2 = common.format_bytes(p["format"])
-    s13, s2 = common.format_bytes(_shared_format(p["format"]))
+    s13, s2 = common.format_bytes(shared_format(p))
     weights = 2 * E * D + 4 * E + I * D * (common.experts_hit_uniform(T, E, K) * (2 * b13 + b2) + 2 * s13 + s2)
     flops = 2 * T * E * D + 8 * T * E + 6 * T * (K + 1) * I * D + T * D
     return Cost(flops=flops, bytes=weights + 4 * T * D, tokens=T)
@@ -151,12 +153,18 @@ def extra_info(inputs, p):
     return common.routing_load(ids, p["experts"])
 
 
-def _shared_format(fmt):
-    """The shared expert's format in a case: the active layer's (bf16 when dequantized at load), else `fmt`."""
-    from spark_bench.weights import active
+def shared_format(p):
+    """The shared expert's weight format at point `p`: the routed experts' (`format`) at shared_format=routed."""
+    return p["format"] if p["shared_format"] == "routed" else p["shared_format"]
 
-    src = active()
-    return src.moe.dims["shared_format"] if src is not None and src.moe is not None else fmt
+
+def fixed(shapes):
+    """The file's axes (common.moe_fixed), with shared_format=bf16 when its shared expert is bf16 (or dequantized
+    to bf16 at load) and its routed experts are not."""
+    out = common.moe_fixed(*common.ROUTER_AXES, "inter", "format", need_shared=True)(shapes)
+    if isinstance(out, dict):
+        out["shared_format"] = "routed" if shapes["shared_format"] == shapes["format"] else shapes["shared_format"]
+    return out
 
 
 def from_file(p, src, gen, *, device, dtype, seed, factory):
@@ -173,15 +181,14 @@ def from_file(p, src, gen, *, device, dtype, seed, factory):
         "routed_scaling_factor": p["routed_scaling_factor"],
         "w13": experts["w13"], "w2": experts["w2"], "shared_w13": shared["w13"], "shared_w2": shared["w2"],
         "shared_ids": shared_ids, "shared_weights": shared_weights, "format": p["format"],
-        "shared_format": src.moe.dims["shared_format"],
+        "shared_format": shared_format(p),
     }
 
 
 op = Op(
     name="moe.layer",
     doc=__doc__,
-    from_weights=common.moe_binding(from_file, common.moe_fixed(*common.ROUTER_AXES, "inter", "format",
-                                                                need_shared=True), uses=("shared", "scaling")),
+    from_weights=common.moe_binding(from_file, fixed, uses=("shared", "scaling")),
     make_inputs_fn=make_inputs,
     reference=reference,
     cost=cost,
@@ -196,6 +203,8 @@ op = Op(
         Axis("routed_scaling_factor", [KIMI_LINEAR["routed_scaling_factor"]], quick=[2.5],
              doc="scale of the renormalised routing weights"),
         Axis("format", list(common.FORMATS), quick=["bf16"]),
+        Axis("shared_format", ["routed"], also=["bf16"],
+             doc="the shared expert's format: routed (as `format`) or bf16 (GGUF files often keep it wider)"),
     ],
     presets=common.model_presets((*common.ROUTER_AXES, "inter")),
     constraints=[router.valid_groups, common.format_constraint],

@@ -102,11 +102,6 @@ class TunedStore:
                 best, best_d = entry, d
         return (best, best_d) if best is not None else None
 
-    def lookup(self, kernel: str, key: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The config of the entry nearest to `key` (nearest), or None."""
-        found = self.nearest(kernel, key)
-        return dict(found[0]["config"]) if found is not None else None
-
     def put(self, kernel: str, entry: dict[str, Any]) -> None:
         """Add or replace the entry of this kernel and key."""
         rows = [e for e in self.kernels.get(kernel, []) if key_id(e["key"]) != key_id(entry["key"])]
