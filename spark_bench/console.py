@@ -219,13 +219,11 @@ def summary_line(summary: dict[str, int]) -> str:
 
 
 def backend_label(case) -> str:
-    """The backend, and the forced kernel configs of a `tune` candidate: 'triton[BK=64,num_warps=4]'."""
-    configs = getattr(case, "configs", None)
-    if not configs:
-        return case.backend
-    from spark_bench.tune.space import config_id
+    """The backend, the forced kernel configs of a `tune` candidate and a re-timing: 'triton[BK=64,num_warps=4]'."""
+    from spark_bench.report.model import labelled_backend
 
-    return f"{case.backend}[{';'.join(config_id(c) for c in configs.values())}]"
+    return labelled_backend(case.backend, list((getattr(case, "configs", None) or {}).values()),
+                            getattr(case, "repeat", 0))
 
 
 class SweepProgress:

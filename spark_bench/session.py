@@ -184,10 +184,10 @@ def check_same_device(path: Path, run: dict[str, Any], device: str, what: str = 
     """A resumed run or tune must time on the device and stack its first cases timed on: ResultsError (one line,
     naming what differs) when this machine's fingerprint is not its run.json's: one run would mix two devices."""
     from spark_bench.devices import check_device
-    from spark_bench.fingerprint import fingerprint, stack_difference
+    from spark_bench.fingerprint import fingerprint, stack_difference, stack_differences
 
     stored, now = run.get("fingerprint") or {}, fingerprint(check_device(device))
-    if stored.get("fingerprint_id") != now["fingerprint_id"]:
+    if stack_differences(stored, now) or stored.get("fingerprint_id") != now["fingerprint_id"]:
         name, here = (stored.get("device") or {}).get("name") or "another device", now["device"].get("name")
         where = f"on this {here} with another stack" if name == here else f"on {name}, not on this {here}"
         raise results.ResultsError(f"{path} was {what} {where} ({stack_difference(stored, now)}): "

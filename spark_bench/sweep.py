@@ -39,15 +39,21 @@ class Case:
     weights: dict[str, Any] | None = None  # the weight/routing source (spark_bench.weights), loaded in the worker
     configs: dict[str, dict[str, Any]] | None = None  # kernel -> forced config (a `tune` candidate; in the case id)
     tuned: dict[str, Any] | None = None  # a tuned-config table the kernels look their configs up in (`run --tuned`)
+    repeat: int = 0  # the n-th re-timing of this case (tune's closing timing of the defaults; in the case id)
 
     @property
     def case_id(self) -> str:
         base = case_id(self.op, self.backend, self.params, self.dtype, self.device)
-        if not self.configs:
-            return base
-        from spark_bench.tune.space import config_id
+        if self.configs:
+            from spark_bench.tune.space import config_id
 
-        return base + "|" + ";".join(f"{k}:{config_id(self.configs[k])}" for k in sorted(self.configs))
+            base += "|" + ";".join(f"{k}:{config_id(self.configs[k])}" for k in sorted(self.configs))
+        return base + (f"|repeat:{self.repeat}" if self.repeat else "")
+
+    def record_fields(self) -> dict[str, Any]:
+        """What every result of this case starts with: its identity (and `repeat`, when a re-timing)."""
+        return {"case_id": self.case_id, "op": self.op, "backend": self.backend, "params": self.params,
+                "dtype": self.dtype, "device": self.device, **({"repeat": self.repeat} if self.repeat else {})}
 
     @property
     def group(self) -> str:

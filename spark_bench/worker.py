@@ -92,8 +92,7 @@ class CaseRunner:
     def run(self, case: Case, cfg: TimingConfig, n_sets: int = 4) -> dict[str, Any]:
         started, t0 = results.now(), time.perf_counter()
         record: dict[str, Any] = {
-            "case_id": case.case_id, "op": case.op, "backend": case.backend, "params": case.params,
-            "dtype": case.dtype, "device": case.device, "status": None, "error": None, "labels": [],
+            **case.record_fields(), "status": None, "error": None, "labels": [],
             "check": None, "timing": None, "cost": None, "gbps": None, "tflops": None, "stages": None,
             "extra": {}, "power": None, "roofline": None, "recompiles_during_timing": None,
             "started": started, "worker_pid": os.getpid(),

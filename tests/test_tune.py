@@ -258,10 +258,17 @@ def test_rounds_time_the_default_first_then_each_surviving_candidate_in_the_plan
     plan["items"][0]["candidates"][1]["status"] = "pruned"  # SLOW pruned offline for case 0: never timed there
     session = TuneSession(store=None, spec=None, cfg=None, timeout_s=1.0, tune={"plan": plan})
     rounds = session.rounds()
-    assert [len(r) for r in rounds] == [2, 2, 2, 1]
-    assert all(c.configs is None for c in rounds[0])
+    assert [len(r) for r in rounds] == [2, 2, 2, 1, 2]
+    assert all(c.configs is None and not c.repeat for c in rounds[0])
     assert [c.configs["test._k"] for c in rounds[1]] == [FAST, FAST]
     assert [c.configs["test._k"] for c in rounds[2]] == [WRONG, SLOW]
+    # the closing round: the defaults again, so each case's candidates lie between two timings of its default
+    assert [(c.configs, c.repeat) for c in rounds[-1]] == [(None, 1), (None, 1)]
+    assert [c.case_id for c in rounds[-1]] == [c.case_id + "|repeat:1" for c in rounds[0]]
+    plan["items"][1]["candidates"] = []
+    assert [len(r) for r in session.rounds()] == [2, 1, 1, 1]  # a case without candidates is not timed again
+    plan["items"][0]["candidates"] = []
+    assert [len(r) for r in session.rounds()] == [2]
 
 
 def test_the_budget_cuts_a_round_to_what_the_remaining_time_covers():

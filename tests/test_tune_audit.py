@@ -6,6 +6,7 @@ import pytest
 from conftest import run_cli
 from test_tune import DEVICE, FAST, SLOW, _first_tune, _no_plan, _plan, _records, _store
 
+from spark_bench.sweep import Case
 from spark_bench.tune import ConfigSpace
 from spark_bench.tune.search import select
 from spark_bench.tune.space import SPACES, applied, config_id, recording, stale_entries
@@ -145,3 +146,65 @@ def test_two_tunes_writing_one_table_at_once_keep_both_entries(tmp_path, monkeyp
     a.join(5)
     b.join(5)
     assert sorted(TunedStore.load(out).kernels) == ["a._k", "b._k"]
+
+
+def _again(plan, median, rel_ci=0.0, case=0):
+    """The closing round's record of case `case`'s default (repeat 1)."""
+    again = Case(**{**plan["items"][case]["case"], "repeat": 1})
+    return {"case_id": again.case_id, "status": "ok", "labels": [], "repeat": 1,
+            "timing": {"median": median, "rel_ci": rel_ci}}
+
+
+def test_a_drift_between_the_rounds_is_not_taken_for_a_speedup():
+    """The default timed at 10 us, a candidate at 9 us later, the default again at 8.5 us: the machine sped up
+    (clocks, thermals) by about as much as the candidate 'won'. Against the default's bracketed time (9.22 us) the
+    candidate is 2.4% faster, inside the 1% CIs plus half the 15% drift: the default stays, the drift is stored."""
+    plan = _plan([FAST])
+    records = _records(plan, [{"default": ("ok", 10.0), config_id(FAST): ("ok", 9.0)}], rel_ci=0.005)
+    [(_, without)] = select(plan, records)
+    assert without["config"] == FAST and without["drift"] is None  # no closing timing: a 10% win, drift unknown
+    [(_, entry)] = select(plan, [*records, _again(plan, 8.5, rel_ci=0.005)])
+    assert entry["config"] == DEFAULT and entry["within_noise"]["id"] == config_id(FAST)
+    assert entry["within_noise"]["noise"] == pytest.approx(0.01 + 0.075, abs=1e-4)
+    assert entry["drift"] == {"max": -0.15, "cases": 1}
+    from spark_bench.tune.report import _drift  # the tables' drift column
+
+    assert _drift(entry) == "-15.0% (1)" and _drift(without) == "-"
+    assert entry["default"]["time_us"] == pytest.approx((10.0 * 8.5) ** 0.5, abs=1e-4)
+    [(_, steady)] = select(plan, [*records, _again(plan, 10.1, rel_ci=0.005)])  # no drift: the win stands
+    assert steady["config"] == FAST and steady["drift"] == {"max": 0.01, "cases": 1}
+
+
+def test_the_best_of_many_candidates_must_beat_a_wider_noise():
+    """A 3% win with CIs of 1.2% each (2.4% summed) is shown for one candidate, but not as the best of eight: the
+    chance that one of eight equal configs looks 3% faster is far above 5% (Bonferroni: z(1 - 0.05/16) / z(0.975)
+    = 1.395 times the CI)."""
+    from spark_bench.tune.search import _widening
+
+    others = [{"B": b, "num_warps": w} for b in (32, 64, 128, 256) for w in (2, 8)][1:]
+    others.remove(FAST)
+    others.append({"B": 512, "num_warps": 8})
+    assert len(others) == 7 and FAST not in others
+    one, eight = _plan([FAST]), _plan([FAST, *others])
+    times = {"default": ("ok", 10.0), config_id(FAST): ("ok", 9.7)}
+    [(_, alone)] = select(one, _records(one, [times], rel_ci=0.012))
+    assert alone["config"] == FAST
+    slow = {config_id(c): ("ok", 10.0 + i / 10) for i, c in enumerate(others)}
+    [(_, among)] = select(eight, _records(eight, [{**times, **slow}], rel_ci=0.012))
+    assert among["config"] == DEFAULT and among["within_noise"]["id"] == config_id(FAST)
+    assert among["within_noise"]["noise"] == pytest.approx(0.024 * _widening(8), abs=1e-4)
+    assert _widening(1) == 1.0 and _widening(8) == pytest.approx(1.395, abs=1e-3)
+
+
+@pytest.mark.parametrize("label", ["throttled", "recompiled-in-timing"])
+def test_a_throttled_or_recompiled_timing_is_not_ranked(label):
+    """A candidate timed while the GPU throttled (or recompiling) looks faster or slower for reasons not its own."""
+    plan = _plan([FAST, SLOW])
+    times = [{"default": ("ok", 10.0), config_id(FAST): ("ok", 5.0), config_id(SLOW): ("ok", 12.0)}]
+    records = _records(plan, times)
+    fast = next(r for r in records if config_id(FAST) in r["case_id"])
+    fast["labels"] = [label]
+    [(_, entry)] = select(plan, records)
+    assert entry["config"] == DEFAULT and entry["runner_up"]["config"] == SLOW and entry["unranked"] == 1
+    fast["labels"], records[0]["labels"] = [], [label]  # the default's own timing: nothing to rank against
+    assert select(plan, records) == []

@@ -41,15 +41,17 @@ def test_tune_prunes_times_resumes_chooses_and_run_uses_the_table(tmp_path, faul
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = [r["case_id"] for r in _journal(run_dir)]
-    assert 1 <= len(before) < 4, "the kill must land mid-tune"
+    assert 1 <= len(before) < 5, "the kill must land mid-tune"
 
     done = subprocess.run(spark_bench_cmd("tune", "--resume", run_dir), env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     records = _journal(run_dir)
     ids = [r["case_id"] for r in records]
-    assert len(ids) == len(set(ids)) == 4 and ids[: len(before)] == before  # nothing re-timed, nothing twice
-    by_config = {config_id(next(iter((r.get("config") or {}).values()))): r for r in records}
+    assert len(ids) == len(set(ids)) == 5 and ids[: len(before)] == before  # nothing re-timed, nothing twice
+    [again] = [r for r in records if r.get("repeat") == 1]  # the closing timing of the default, last
+    assert ids[-1] == again["case_id"] == ids[0] + "|repeat:1" and again["config"] == {"tunable._scale": tp.BASE}
+    by_config = {config_id(next(iter((r.get("config") or {}).values()))): r for r in records if r is not again}
     assert set(by_config) == {config_id(c) for c in (tp.BASE, tp.FAST, tp.SLOW, tp.WRONG)}  # REJECTED never ran
     assert by_config[config_id(tp.WRONG)]["status"] == "mismatch"
     assert by_config[config_id(tp.BASE)]["config_source"] == {"tunable._scale": "default"}
@@ -59,7 +61,7 @@ def test_tune_prunes_times_resumes_chooses_and_run_uses_the_table(tmp_path, faul
 
     [tuned_run] = load_runs([run_dir])
     assert sorted(r["backend"] for r in tuned_run.results) == sorted(
-        ["triton", *(f"triton[{config_id(c)}]" for c in (tp.FAST, tp.SLOW, tp.WRONG))])
+        ["triton", "triton (repeat 1)", *(f"triton[{config_id(c)}]" for c in (tp.FAST, tp.SLOW, tp.WRONG))])
 
     plan = json.loads((run_dir / "run.json").read_text())["tune"]["plan"]
     [rejected] = [c for c in plan["items"][0]["candidates"] if c["config"] == tp.REJECTED]
@@ -69,6 +71,7 @@ def test_tune_prunes_times_resumes_chooses_and_run_uses_the_table(tmp_path, faul
     [entry] = stored["kernels"]["tunable._scale"]
     assert entry["config"] == tp.FAST and entry["key"] == {"n": 1024}  # not the slow one, never the wrong one
     assert entry["default"]["config"] == tp.BASE and entry["speedup"] > 1
+    assert entry["drift"]["cases"] == 1 and entry["unranked"] == 0
 
     out = tmp_path / "run"
     used = subprocess.run(spark_bench_cmd("run", "--op", "tunable.scale", "--backend", "triton", "--tuned", table,

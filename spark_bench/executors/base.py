@@ -92,8 +92,7 @@ class Slot:
 
 
 def failed_record(case: Case, status: str, error: str, **extra: Any) -> dict[str, Any]:
-    return {"case_id": case.case_id, "op": case.op, "backend": case.backend, "params": case.params,
-            "dtype": case.dtype, "device": case.device, "status": status, "error": error, "labels": [],
+    return {**case.record_fields(), "status": status, "error": error, "labels": [],
             "check": None, "timing": None, "cost": None, "gbps": None, "tflops": None, "stages": None,
             "extra": {}, "power": None, "roofline": None, "started": results.now(), **extra}
 

@@ -62,15 +62,21 @@ def load_runs(run_dirs: Iterable[str | Path]) -> list[RunData]:
 
 
 def record_backend(r: dict[str, Any]) -> str:
-    """The backend of a stored case, with the configs a `tune` forced on it: 'triton[BT=32,num_warps=4]'."""
+    """The backend of a stored case, with the configs a `tune` forced on it, 'triton[BT=32,num_warps=4]', or its
+    re-timing, 'triton (repeat 1)'."""
     sources = r.get("config_source") if isinstance(r.get("config_source"), dict) else {}
     configs = r.get("config") if isinstance(r.get("config"), dict) else {}
     forced = [c for k, c in configs.items() if sources.get(k) == "candidate" and isinstance(c, dict)]
-    if not forced:
-        return str(r.get("backend"))
-    from spark_bench.tune.space import config_id
+    return labelled_backend(str(r.get("backend")), forced, r.get("repeat"))
 
-    return f"{r.get('backend')}[{';'.join(config_id(c) for c in forced)}]"
+
+def labelled_backend(backend: str, forced: Sequence[Any], repeat: Any = 0) -> str:
+    """`backend`, then the configs forced on it and which re-timing it is: 'triton[BK=64,num_warps=4] (repeat 1)'."""
+    if forced:
+        from spark_bench.tune.space import config_id
+
+        backend += f"[{';'.join(config_id(c) for c in forced)}]"
+    return backend + (f" (repeat {repeat})" if repeat else "")
 
 
 def _label_runs(runs: Sequence[RunData]) -> None:

@@ -21,10 +21,16 @@ def _us(value: float | None) -> str:
     return fmt_num(value, 4)  # 46670, 12.35: as run's tables, never 4.667e+04
 
 
+def _drift(entry: dict[str, Any]) -> str:
+    """The default's largest change between its two timings, over how many cases ('-': not timed twice)."""
+    drift = entry.get("drift")
+    return f"{drift['max']:+.1%} ({drift['cases']})" if drift else "-"
+
+
 def entries_table(rows: list[tuple[str, dict[str, Any]]], title: str) -> Table:
     table = Table(title=title, title_justify="left")
-    for col in ("kernel", "key", "config", "µs", "default µs", "speedup", "runner-up", "cases", "labels"):
-        table.add_column(col, justify="right" if col in ("µs", "default µs", "speedup", "cases") else "left")
+    for col in ("kernel", "key", "config", "µs", "default µs", "speedup", "runner-up", "cases", "drift", "labels"):
+        table.add_column(col, justify="right" if col in ("µs", "default µs", "speedup", "cases", "drift") else "left")
     for kernel, e in rows:
         runner = e.get("runner_up") or {}
         chosen = "(default)" if e["config"] == e["default"]["config"] else config_id(e["config"])
@@ -33,7 +39,7 @@ def entries_table(rows: list[tuple[str, dict[str, Any]]], title: str) -> Table:
         note = f" ({close['speedup']:.3f}x, within {noise} noise)" if close else ""
         cells = [kernel, _key(e["key"]), chosen, _us(e["time_us"]), _us(e["default"]["time_us"]),
                  f"{e['speedup']:.3f}x", f"{config_id(runner['config'])} {_us(runner['time_us'])}{note}"
-                 if runner else "-", str(e.get("cases", "")), ",".join(e.get("labels") or [])]
+                 if runner else "-", str(e.get("cases", "")), _drift(e), ",".join(e.get("labels") or [])]
         table.add_row(*map(escape, cells))  # a table's names are text, never rich markup (`k[/]`)
     return table
 

@@ -1,8 +1,10 @@
 """One `spark-bench tune`: a run directory whose cases are the plan's configs, timed in rounds, then the tuned table.
 
 Round 0 times every base case with its declared configs; round r times the r-th best-ranked surviving candidate of
-each (case, kernel) with that kernel's config forced (spark_bench/tune/space.py). Without a budget the rounds run
-as one pass, in that order (one set of workers; a point's inputs and reference are built once). Every case goes
+each (case, kernel) with that kernel's config forced (spark_bench/tune/space.py); a closing round times the base cases
+again (`repeat` 1), so the defaults bracket their candidates in time and a clock or thermal drift between the
+rounds is measured, not taken for a speedup. Without a budget the rounds run as one pass, in that order (one set
+of workers, a point's cases back to back; its inputs and reference are built once). Every case goes
 through `run`'s own path (spark_bench/runner.py: crash-isolated workers, the reference check before timing, flushed
 timing) and is journaled in results.jsonl, so a killed tune resumes (`tune --resume DIR`) without re-timing anything.
 `--budget S` bounds the whole search (planning included, and the earlier invocations of a resumed tune): a round is
@@ -26,9 +28,13 @@ from spark_bench.tune import plan as planning
 from spark_bench.tune.space import config_id, key_id
 
 PRUNE_DEADLINE_S = 900.0  # offline compiles of a tune without --budget
-# A candidate replaces the declared default only when faster by more than MIN_GAIN and than the two timings' summed
-# relative 95% CIs (median over the key's cases): a win inside the noise would make the table churn from tune to tune.
+# A candidate replaces the declared default only when faster by more than MIN_GAIN and than the noise: the two
+# timings' summed relative 95% CIs, widened for the number of candidates compared (Bonferroni), plus half the
+# default's drift between its two timings (median over the key's cases). A win inside the noise would make the
+# table churn from tune to tune.
 MIN_GAIN = 0.01
+ALPHA = 0.05  # the CIs' level is 1 - ALPHA
+UNRANKABLE = ("throttled", "recompiled-in-timing")  # labels of a timing that says little about the config
 
 
 @dataclasses.dataclass
@@ -100,7 +106,8 @@ class TuneSession:
         return cls(store, spec, cfg, timeout_s, tune)
 
     def rounds(self) -> list[list[Case]]:
-        """Round 0: the base cases; round r: the r-th surviving candidate of every (case, kernel)."""
+        """Round 0: the base cases; round r: the r-th surviving candidate of every (case, kernel); the last: the
+        base cases that have candidates, again (`repeat` 1: drift between the rounds)."""
         items = self.tune["plan"]["items"]
         base = list({c.case_id: c for c in (Case(**i["case"]) for i in items)}.values())
         out = [base]
@@ -112,6 +119,9 @@ class TuneSession:
                 if r < len(ok):
                     cases.append(dataclasses.replace(Case(**item["case"]), configs={item["kernel"]: ok[r]["config"]}))
             out.append(cases)
+        if depth:
+            out.append(list({c.case_id: dataclasses.replace(c, repeat=1)
+                             for c in (Case(**i["case"]) for i in items if _runs_candidates(i))}.values()))
         return out
 
     def execute(self, executor: Any = None, say=print) -> tuple[int, Path | None]:
@@ -132,13 +142,17 @@ class TuneSession:
             todo = pending(self.store, cases)
             if budget is not None and todo:
                 left = budget - spent0 - (time.monotonic() - start)
-                fit = self._fit(len(todo), left, walls)
+                # a candidate round leaves time for the closing one: without it, drift is unknown
+                reserve = len(pending(self.store, rounds[-1])) if 0 < number < len(rounds) - 1 else 0
+                fit = max(0, self._fit(len(todo) + reserve, left, walls) - reserve)
                 untimed += len(todo) - fit
                 todo = todo[:fit]
             if not todo:
                 continue
+            closing = number == len(rounds) - 1 and number > 1
             say(f"tune: timing {len(todo)} case(s)" + ("" if budget is None else f" (round {number}"
-                + (": the declared configs)" if number == 0 else ")")))
+                + (": the declared configs)" if number == 0 else ": the declared configs again)" if closing
+                   else ")")))
             round_start = time.monotonic()
             total = sum(len(r) for r in rounds)
             with interrupt_says_what_is_kept(self.store, total, "spark-bench tune --resume"), \
@@ -215,10 +229,20 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def _runs_candidates(item: dict[str, Any]) -> bool:
+    return any(c["status"] == "ok" for c in item["candidates"])
+
+
+def _rankable(rec: dict[str, Any] | None) -> bool:
+    """A timed ok record whose labels do not discount it (UNRANKABLE)."""
+    return rec is not None and rec["status"] == "ok" and not set(rec.get("labels") or []) & set(UNRANKABLE)
+
+
 def select(plan: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     """The tuned entries: per (kernel, key), the config with the best geometric-mean time over the cases of that key
     that timed both it and the default. A config that failed its check (or crashed) in any case, or was pruned
-    offline in any case (it would not compile, launch or fit there), is never chosen for that kernel."""
+    offline in any case (it would not compile, launch or fit there), is never chosen for that kernel. A timing
+    labelled throttled or recompiled-in-timing is not ranked (a default one takes its case out)."""
     by_id = {r["case_id"]: r for r in records}
     rejected: set[tuple[str, str]] = {(i["kernel"], c["id"]) for i in plan["items"] for c in i["candidates"]
                                       if c["status"] != "ok"}
@@ -229,7 +253,7 @@ def select(plan: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[st
         default_rec = by_id.get(base.case_id)
         if default_rec is None or default_rec["status"] != "ok":
             continue
-        timed = {}
+        timed, unranked = {}, 0
         for cand in item["candidates"]:
             if cand["status"] != "ok":
                 continue
@@ -238,15 +262,24 @@ def select(plan: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[st
                 continue
             if rec["status"] != "ok":
                 rejected.add((kernel, cand["id"]))
-                continue
-            timed[cand["id"]] = (cand["config"], rec)
+            elif _rankable(rec):
+                timed[cand["id"]] = (cand["config"], rec)
+            else:
+                unranked += 1
+        again = by_id.get(dataclasses.replace(base, repeat=1).case_id)
         ran = (default_rec.get("config") or {}).get(kernel)  # what round 0 launched, on the device it timed on
         for pick in item["keys"]:  # the declared config at this key, as the plan's capture picked it
             declared = _declared_ran(pick["config"], ran)
             if declared is None:
                 continue  # the plan's capture target picked another config than the device ran: unknown default
-            bucket = buckets.setdefault((kernel, key_id(pick["key"])), {"key": pick["key"], "cases": []})
-            bucket["cases"].append({"default": (declared, default_rec), **timed})
+            bucket = buckets.setdefault((kernel, key_id(pick["key"])), {"key": pick["key"], "cases": [],
+                                                                        "unranked": 0})
+            if not _rankable(default_rec):  # nothing to rank this case's candidates against
+                bucket["unranked"] += 1 + len(timed) + unranked
+                continue
+            bucket["unranked"] += unranked
+            bucket["cases"].append({"default": (declared, default_rec), "again": again if _rankable(again) else None,
+                                    "candidates": timed})
     entries = []
     for (kernel, _), bucket in sorted(buckets.items()):
         entry = _best(kernel, bucket, rejected)
@@ -266,22 +299,52 @@ def _declared_ran(planned: dict[str, Any], ran: Any) -> dict[str, Any] | None:
     return None
 
 
+def _reference(case: dict[str, Any]) -> tuple[float, float | None, float]:
+    """A case's default time (the geometric mean of its two timings when the closing round timed it again), the
+    drift between them (again / first - 1; None: not timed again) and its relative 95% CI."""
+    first = case["default"][1]["timing"]
+    again = (case["again"] or {}).get("timing")
+    if not again or not again["median"] > 0 or not first["median"] > 0:
+        return first["median"], None, _rel_ci(first)
+    return math.sqrt(first["median"] * again["median"]), again["median"] / first["median"] - 1.0, \
+        max(_rel_ci(first), _rel_ci(again))
+
+
+def _widening(compared: int) -> float:
+    """How much wider a CI must be for `compared` candidates tested against the default at once (Bonferroni: each
+    at ALPHA / compared), as a factor on the 95% CI half-width of a normal estimate."""
+    if compared <= 1:
+        return 1.0
+    z = statistics.NormalDist().inv_cdf
+    return z(1 - ALPHA / (2 * compared)) / z(1 - ALPHA / 2)
+
+
 def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -> dict[str, Any] | None:
     times: dict[str, list[float]] = {}
     defaults: dict[str, list[float]] = {}
-    spreads: dict[str, list[float]] = {}  # per case: the candidate's and the default's relative 95% CI, summed
+    spreads: dict[str, list[tuple[float, float]]] = {}  # per case: (the two relative 95% CIs summed, drift / 2)
     configs: dict[str, Any] = {}
     labels: set[str] = set()
-    for timed in bucket["cases"]:
-        default_timing = timed["default"][1]["timing"]
-        for name, (config, rec) in timed.items():
-            if (kernel, name) in rejected or (name != "default" and config == timed["default"][0]):
+    drifts: list[float] = []
+    for case in bucket["cases"]:
+        reference, drift, default_ci = _reference(case)
+        if not reference > 0:
+            continue  # a graph-timed call no slower than the flush it follows: 0 us, nothing to rank it by
+        if drift is not None:
+            drifts.append(drift)
+        default_config = case["default"][0]
+        for name, (config, rec) in {"default": case["default"], **case["candidates"]}.items():
+            if (kernel, name) in rejected or (name != "default" and config == default_config):
                 continue
-            if not (rec["timing"]["median"] > 0 and default_timing["median"] > 0):
-                continue  # a graph-timed call no slower than the flush it follows: 0 us, nothing to rank it by
-            times.setdefault(name, []).append(rec["timing"]["median"])
-            defaults.setdefault(name, []).append(default_timing["median"])
-            spreads.setdefault(name, []).append(_rel_ci(rec["timing"]) + _rel_ci(default_timing))
+            if name == "default":
+                t, ci = reference, 0.0
+            elif rec["timing"]["median"] > 0:
+                t, ci = rec["timing"]["median"], _rel_ci(rec["timing"])
+            else:
+                continue
+            times.setdefault(name, []).append(t)
+            defaults.setdefault(name, []).append(reference)
+            spreads.setdefault(name, []).append((ci + default_ci, abs(drift or 0.0) / 2))
             configs[name] = config
             labels.update(rec.get("labels") or [])
     if "default" not in times:
@@ -289,7 +352,8 @@ def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -
     ratio = {n: _geomean([t / d for t, d in zip(times[n], defaults[n], strict=True)]) for n in times}
     ranked = sorted(times, key=lambda n: ratio[n])
     best, runner = ranked[0], ranked[1] if len(ranked) > 1 else None
-    noise = max(MIN_GAIN, statistics.median(spreads[best]))
+    widen = _widening(len(times) - 1)
+    noise = max(MIN_GAIN, statistics.median(ci * widen + half_drift for ci, half_drift in spreads[best]))
     within_noise = None
     if best != "default" and 1.0 - ratio[best] <= noise:  # not faster beyond the noise: the default stays
         within_noise = {"id": config_id(configs[best]), "speedup": round(1.0 / ratio[best], 4),
@@ -305,4 +369,5 @@ def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -
             "runner_up": timed_entry(runner) if runner else None,
             "speedup": round(default_us / _geomean(times[best]), 4), "cases": len(times[best]),
             "candidates_timed": len(times), "within_noise": within_noise, "labels": sorted(labels),
-            "measured": results.now()}
+            "drift": {"max": round(max(drifts, key=abs), 4), "cases": len(drifts)} if drifts else None,
+            "unranked": bucket["unranked"], "measured": results.now()}

@@ -7,9 +7,10 @@ per-device tables when a team shares them). Layout (docs/tune.md):
      "versions": {"torch": ..., "triton": ...},
      "kernels": {"<kernel>": [{"key": {...}, "config": {...}, "time_us": t, "default": {"config", "time_us"},
                                "runner_up": {"config", "time_us"} | null, "speedup": d/t, "cases": n,
+                               "within_noise": {...} | null, "drift": {"max", "cases"} | null, "unranked": n,
                                "measured": "<iso time>", "run": "<tune dir>"}, ...]}}
 
-A kernel looks its config up at launch (`lookup`: the entry whose key is nearest, spark_bench.tune.space.key_distance);
+A kernel looks its config up at launch (`nearest`: the entry whose key is nearest, spark_bench.tune.space.key_distance);
 a kernel or key the store lacks falls back to the declared choice. The device is identified by what decides the best
 tile (name, compute capability, SM count, memory), not by driver or library versions, which are kept for the record.
 """
@@ -215,6 +216,10 @@ def _entry_problem(entry: Any) -> str | None:
                                   and "noise" in close
                                   and (close["noise"] is None or is_number(close["noise"]))):
         return "\"within_noise\" must be null or an object with a numeric \"speedup\" and \"noise\" (null: unknown)"
+    drift = entry.get("drift")
+    if drift is not None and not (isinstance(drift, dict) and is_number(drift.get("max"))
+                                  and isinstance(drift.get("cases"), int)):
+        return "\"drift\" must be null or an object with a numeric \"max\" and an integer \"cases\""
     labels = entry.get("labels")
     if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
         return "\"labels\" must be a list of strings"
