@@ -208,3 +208,27 @@ def test_a_throttled_or_recompiled_timing_is_not_ranked(label):
     assert entry["config"] == DEFAULT and entry["runner_up"]["config"] == SLOW and entry["unranked"] == 1
     fast["labels"], records[0]["labels"] = [], [label]  # the default's own timing: nothing to rank against
     assert select(plan, records) == []
+
+
+def test_a_kernel_tuned_in_bf16_is_not_given_that_config_in_fp32():
+    """Every KDA op sweeps bf16 and fp32 (or runs in one dtype but could be called in another): each KDA kernel's key
+    holds the dtype (or the element size), so one tune's bf16 winner is not launched for fp32 inputs."""
+    import spark_bench.kernels.kda.block_decode  # noqa: F401  (each module declares its spaces at import)
+    import spark_bench.kernels.kda.chunk_intra  # noqa: F401
+    import spark_bench.kernels.kda.chunk_output  # noqa: F401
+    import spark_bench.kernels.kda.chunk_state  # noqa: F401
+    import spark_bench.kernels.kda.gated_rmsnorm  # noqa: F401
+    import spark_bench.kernels.kda.recurrent_decode  # noqa: F401
+    import spark_bench.kernels.kda.short_conv  # noqa: F401
+    from spark_bench.kernels.kda import gate
+
+    kda = {name: space for name, space in SPACES.items() if name.startswith("kda.")}
+    assert len(kda) == 10 and all({"dtype", "elem"} & set(space.key) for space in kda.values()), \
+        {name: space.key for name, space in kda.items()}
+    declared = gate.CONFIGS.declared(T=64, K=128)
+    other = next(c for c in gate.CONFIGS.candidates if c != declared)
+    table = _store([("kda.gate._kda_gate_fwd", {"T": 64, "K": 128, "dtype": "torch.bfloat16"}, other, "t")])
+    with applied(table=table), recording() as log:
+        assert gate.CONFIGS.pick(T=64, K=128, dtype="torch.bfloat16") == other
+        assert gate.CONFIGS.pick(T=64, K=128, dtype="torch.float32") == declared
+    assert [p["source"] for p in log] == ["tuned", "default"]

@@ -29,12 +29,12 @@ from spark_bench.kernels.kda.recurrent_decode import delta_step, state_tile
 # As recurrent_decode.py: BV = 32 at 4 warps ([128, 32] fp32 state tile, 32 registers a thread); N <= 2: BV = 16 for
 # twice the programs. The conv windows add [K, W] x 2 + [BV, W] loads per program.
 CORE_CONFIGS = declare(ConfigSpace(
-    "kda.block_decode._conv_recurrent_decode", key=("N", "K", "V"),
+    "kda.block_decode._conv_recurrent_decode", key=("N", "K", "V", "dtype"),
     default={"BV": 32, "num_warps": 4},
     buckets=[({"N": 2}, {"BV": 16, "num_warps": 4})],
     candidates=[{"BV": 64, "num_warps": 8}, {"BV": 16, "num_warps": 2}]))
 NORM_CONFIGS = declare(ConfigSpace(
-    "kda.block_decode._gated_norm_conv_shift", key=("V", "K"),
+    "kda.block_decode._gated_norm_conv_shift", key=("V", "K", "dtype"),
     default={"num_warps": 2},
     candidates=[{"num_warps": 1}, {"num_warps": 4}]))
 
@@ -117,7 +117,7 @@ def conv_recurrent_decode(qkv, conv_weight, conv_state_pool, g, beta, A_log, dt_
     W = conv_weight.shape[1]
     assert conv_state_pool.is_contiguous() and state_pool.is_contiguous() and state_pool.dtype == torch.float32
     o = torch.empty(N, H, V, dtype=qkv.dtype, device=qkv.device)
-    meta, options = split(CORE_CONFIGS.pick(N=N, K=K, V=V))
+    meta, options = split(CORE_CONFIGS.pick(N=N, K=K, V=V, dtype=str(qkv.dtype)))
     full_v = next_pow2(max(V, 16))
     meta["BV"] = full_v if widen() else min(meta["BV"], full_v)
     _conv_recurrent_decode[(N, H, triton.cdiv(V, meta["BV"]))](
@@ -136,7 +136,7 @@ def gated_norm_conv_shift(o, z, norm_weight, qkv, conv_state_pool, slots, eps: f
     K = (D // H - V) // 2
     W = conv_state_pool.shape[-1] + 1
     y = torch.empty_like(o)
-    meta, options = split(NORM_CONFIGS.pick(V=V, K=K))
+    meta, options = split(NORM_CONFIGS.pick(V=V, K=K, dtype=str(o.dtype)))
     _gated_norm_conv_shift[(N, H)](o, z.contiguous(), norm_weight.contiguous(), y, qkv.contiguous(), conv_state_pool,
                                    slots.contiguous(), eps, D, H=H, K=K, V=V, W=W, BK=next_pow2(max(K, 16)),
                                    BVF=next_pow2(max(V, 16)), BW=next_pow2(W - 1), INTERPRET=INTERPRET, **meta,

@@ -14,7 +14,7 @@ from spark_bench.kernels.configs import ConfigSpace, declare, split
 # BT tokens x next_pow2(K) per program: 4096 elements (BT = 32 at K = 128, 64 at K <= 64), 4 warps: 48-64
 # registers, 8-10 CTAs/SM on sm_90a. The grid is (T/BT, H) whatever BT: at T = 1 it is H programs of one row.
 CONFIGS = declare(ConfigSpace(
-    "kda.gate._kda_gate_fwd", key=("T", "K"),
+    "kda.gate._kda_gate_fwd", key=("T", "K", "dtype"),
     default={"BT": 32, "num_warps": 4},
     buckets=[({"K": 64}, {"BT": 64, "num_warps": 4})],
     candidates=[{"BT": 16, "num_warps": 4}, {"BT": 64, "num_warps": 8}]))
@@ -45,7 +45,7 @@ def kda_gate(g: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> tor
         g = g.contiguous()
     T = g.shape[0]
     BK = next_pow2(K)
-    meta, options = split(CONFIGS.pick(T=T, K=K))
+    meta, options = split(CONFIGS.pick(T=T, K=K, dtype=str(g.dtype)))
     if widen():
         meta["BT"] = row_block(BK)
     grid = (triton.cdiv(T, meta["BT"]), H)

@@ -13,7 +13,7 @@ from spark_bench.kernels.configs import ConfigSpace, declare, split
 # Key: R = tokens x heads rows, V. Prefill: BR x next_pow2(V) = 4096 elements (32 rows of 128, 64 of 64), 4 warps.
 # Decode (R <= 512, T <= 16 at H = 32): 4 rows per program on 1 warp, so T = 1 at H = 32 is 8 programs, not one.
 CONFIGS = declare(ConfigSpace(
-    "kda.gated_rmsnorm._gated_rmsnorm_fwd", key=("R", "V"),
+    "kda.gated_rmsnorm._gated_rmsnorm_fwd", key=("R", "V", "dtype"),
     default={"BR": 32, "num_warps": 4},
     buckets=[({"R": 512}, {"BR": 4, "num_warps": 1}), ({"V": 64}, {"BR": 64, "num_warps": 4})],
     candidates=[{"BR": 1, "num_warps": 1}, {"BR": 8, "num_warps": 2}, {"BR": 64, "num_warps": 8}]))
@@ -42,7 +42,7 @@ def gated_rmsnorm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: f
     y = torch.empty_like(o)
     R = o.numel() // V
     BV = next_pow2(V)
-    meta, options = split(CONFIGS.pick(R=R, V=V))
+    meta, options = split(CONFIGS.pick(R=R, V=V, dtype=str(o.dtype)))
     if BV > 128:  # the declared rows are for V <= 128: keep BR x BV at most that many elements
         meta["BR"] = max(1, meta["BR"] * 128 // BV)
     if widen():

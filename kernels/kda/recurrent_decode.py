@@ -20,7 +20,7 @@ from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_
 # H = 32). N <= 2: BV = 16 doubles the programs (256 at N = 1), at 4 warps (53-72 registers, 7-10 CTAs/SM): at 2
 # warps the fp32 path spills 8 B under triton 3.6 (the GPU machine's), though not under 3.9.
 CONFIGS = declare(ConfigSpace(
-    "kda.recurrent_decode._recurrent_decode", key=("N", "K", "V"),
+    "kda.recurrent_decode._recurrent_decode", key=("N", "K", "V", "dtype"),
     default={"BV": 32, "num_warps": 4},
     buckets=[({"N": 2}, {"BV": 16, "num_warps": 4})],
     candidates=[{"BV": 32, "num_warps": 2}, {"BV": 64, "num_warps": 8}]))
@@ -91,7 +91,7 @@ def kda_recurrent_decode(q, k, v, g, beta, initial_state, ssm_state_indices, sca
     g, beta = g.contiguous(), beta.contiguous()
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     full_v = max(16, triton.next_power_of_2(V))
-    meta, options = split(CONFIGS.pick(N=N, K=K, V=V))
+    meta, options = split(CONFIGS.pick(N=N, K=K, V=V, dtype=str(v.dtype)))
     meta["BV"] = full_v if widen() else min(meta["BV"], full_v)
     _recurrent_decode[(N, H, triton.cdiv(V, meta["BV"]))](
         q, k, v, g, beta,

@@ -29,7 +29,7 @@ PREFILL_CONFIGS = declare(ConfigSpace(
 # Decode: BD channels x the W-1 state columns per program, grid (D/BD, N). BD = 256 at 4 warps: 56 registers,
 # 9 CTAs/SM, 48 programs at N = 1 (D = 12288). N <= 2: BD = 64 at 2 warps, 192 programs, so more SMs issue loads.
 DECODE_CONFIGS = declare(ConfigSpace(
-    "kda.short_conv._short_conv_decode", key=("N", "D"),
+    "kda.short_conv._short_conv_decode", key=("N", "D", "dtype"),
     default={"BD": 256, "num_warps": 4},
     buckets=[({"N": 2}, {"BD": 64, "num_warps": 2})],
     candidates=[{"BD": 128, "num_warps": 4}, {"BD": 512, "num_warps": 8}]))
@@ -168,7 +168,7 @@ def short_conv_decode(x: torch.Tensor, weight: torch.Tensor, conv_state_pool: to
     N, D = x.shape
     W = weight.shape[1]
     y = torch.empty_like(x)
-    meta, options = split(DECODE_CONFIGS.pick(N=N, D=D))
+    meta, options = split(DECODE_CONFIGS.pick(N=N, D=D, dtype=str(x.dtype)))
     meta["BD"] = next_pow2(D) if widen() else min(meta["BD"], next_pow2(D))
     _short_conv_decode[(triton.cdiv(D, meta["BD"]), N)](x, conv_state_pool, slots, weight, y, D, W=W,
                                                        BW=next_pow2(W - 1), ROUND=rounds_bf16(y.dtype), **meta,
