@@ -232,3 +232,15 @@ def test_a_kernel_tuned_in_bf16_is_not_given_that_config_in_fp32():
         assert gate.CONFIGS.pick(T=64, K=128, dtype="torch.bfloat16") == other
         assert gate.CONFIGS.pick(T=64, K=128, dtype="torch.float32") == declared
     assert [p["source"] for p in log] == ["tuned", "default"]
+
+
+def test_a_candidate_the_budget_left_untimed_in_one_case_of_a_key_is_not_chosen():
+    """Timed (and fast) in one case of a key, never timed in the other: it might mismatch or be slow there."""
+    plan = _plan([FAST, SLOW], cases=2)
+    times = [{"default": ("ok", 10.0), config_id(FAST): ("ok", 5.0), config_id(SLOW): ("ok", 9.0)},
+             {"default": ("ok", 10.0), config_id(SLOW): ("ok", 9.0)}]
+    [(_, entry)] = select(plan, _records(plan, times, rel_ci=0.01))
+    assert entry["config"] == SLOW and entry["untimed"] == 1 and entry["cases"] == 2
+    times[1][config_id(FAST)] = ("ok", 5.0)  # resumed with a larger budget: now timed in both
+    [(_, entry)] = select(plan, _records(plan, times, rel_ci=0.01))
+    assert entry["config"] == FAST and entry["untimed"] == 0

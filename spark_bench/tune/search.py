@@ -241,8 +241,9 @@ def _rankable(rec: dict[str, Any] | None) -> bool:
 def select(plan: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     """The tuned entries: per (kernel, key), the config with the best geometric-mean time over the cases of that key
     that timed both it and the default. A config that failed its check (or crashed) in any case, or was pruned
-    offline in any case (it would not compile, launch or fit there), is never chosen for that kernel. A timing
-    labelled throttled or recompiled-in-timing is not ranked (a default one takes its case out)."""
+    offline in any case (it would not compile, launch or fit there), is never chosen for that kernel, nor one the
+    budget left untimed in a case of the key (a mismatch there would go unseen). A timing labelled throttled or
+    recompiled-in-timing is not ranked (a default one takes its case out)."""
     by_id = {r["case_id"]: r for r in records}
     rejected: set[tuple[str, str]] = {(i["kernel"], c["id"]) for i in plan["items"] for c in i["candidates"]
                                       if c["status"] != "ok"}
@@ -253,12 +254,13 @@ def select(plan: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[st
         default_rec = by_id.get(base.case_id)
         if default_rec is None or default_rec["status"] != "ok":
             continue
-        timed, unranked = {}, 0
+        timed, unranked, untimed = {}, 0, set()
         for cand in item["candidates"]:
             if cand["status"] != "ok":
                 continue
             rec = by_id.get(dataclasses.replace(base, configs={kernel: cand["config"]}).case_id)
             if rec is None:
+                untimed.add(cand["id"])  # the budget ran out first: unseen here, so not chosen for this key
                 continue
             if rec["status"] != "ok":
                 rejected.add((kernel, cand["id"]))
@@ -273,7 +275,8 @@ def select(plan: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[st
             if declared is None:
                 continue  # the plan's capture target picked another config than the device ran: unknown default
             bucket = buckets.setdefault((kernel, key_id(pick["key"])), {"key": pick["key"], "cases": [],
-                                                                        "unranked": 0})
+                                                                        "unranked": 0, "untimed": set()})
+            bucket["untimed"] |= untimed
             if not _rankable(default_rec):  # nothing to rank this case's candidates against
                 bucket["unranked"] += 1 + len(timed) + unranked
                 continue
@@ -334,7 +337,8 @@ def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -
             drifts.append(drift)
         default_config = case["default"][0]
         for name, (config, rec) in {"default": case["default"], **case["candidates"]}.items():
-            if (kernel, name) in rejected or (name != "default" and config == default_config):
+            if (kernel, name) in rejected or name in bucket["untimed"] or \
+                    (name != "default" and config == default_config):
                 continue
             if name == "default":
                 t, ci = reference, 0.0
@@ -370,4 +374,4 @@ def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -
             "speedup": round(default_us / _geomean(times[best]), 4), "cases": len(times[best]),
             "candidates_timed": len(times), "within_noise": within_noise, "labels": sorted(labels),
             "drift": {"max": round(max(drifts, key=abs), 4), "cases": len(drifts)} if drifts else None,
-            "unranked": bucket["unranked"], "measured": results.now()}
+            "unranked": bucket["unranked"], "untimed": len(bucket["untimed"]), "measured": results.now()}

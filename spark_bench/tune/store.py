@@ -8,7 +8,7 @@ per-device tables when a team shares them). Layout (docs/tune.md):
      "kernels": {"<kernel>": [{"key": {...}, "config": {...}, "time_us": t, "default": {"config", "time_us"},
                                "runner_up": {"config", "time_us"} | null, "speedup": d/t, "cases": n,
                                "within_noise": {...} | null, "drift": {"max", "cases"} | null, "unranked": n,
-                               "measured": "<iso time>", "run": "<tune dir>"}, ...]}}
+                               "untimed": n, "measured": "<iso time>", "run": "<tune dir>"}, ...]}}
 
 A kernel looks its config up at launch (`nearest`: the entry whose key is nearest, spark_bench.tune.space.key_distance);
 a kernel or key the store lacks falls back to the declared choice. The device is identified by what decides the best
