@@ -59,7 +59,7 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "extra": (dict, _NONE), "power": (dict, _NONE), "roofline": (dict, _NONE), "duration_s": (*_NUMBER, _NONE),
     "recompiles_during_timing": (int, _NONE), "started": (str, _NONE), "phase": (str, _NONE),
     "worker_log_tail": (str, _NONE), "host": (str, _NONE), "worker": (str, _NONE), "executor": (str, _NONE),
-    "memory": (dict, _NONE), "config": (dict, _NONE), "config_source": (dict, _NONE),
+    "memory": (dict, _NONE), "config": (dict, _NONE), "config_source": (dict, _NONE), "tuned_key": (dict, _NONE),
     "repeat": (int,),  # the n-th re-timing of its case (tune's closing timing of the defaults); absent: the first
     "weights": (str, _NONE),  # the label of the weight file / routing trace the case ran on (older runs: absent)
 }

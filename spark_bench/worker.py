@@ -146,7 +146,7 @@ class CaseRunner:
             out = fn(**check_inputs)
             _sync(case.device)
         if picks:  # which config each declared kernel ran with, and why (spark_bench/tune/space.py)
-            record["config"], record["config_source"] = summarize(picks)
+            record.update(summarize(picks))
         record["check"] = check_outputs(op, out, ref, check_inputs, case.dtype, pristine=sets[0], backend=case.backend)
         del out, check_inputs
         if not record["check"]["ok"]:

@@ -41,6 +41,14 @@ def test_pick_prefers_forced_then_tuned_then_declared_and_logs_each_pick():
     assert [p["source"] for p in log] == ["default", "tuned-nearest", "tuned-nearest", "tuned", "default",
                                           "candidate"]
     assert log[1]["key"] == {"n": 2000, "dtype": "bf16"}
+    assert [p["tuned_key"] for p in log] == [None, {"n": 1024, "dtype": "bf16"}, {"n": 65536, "dtype": "bf16"},
+                                             {"n": 65536, "dtype": "bf16"}, None, None]
+    from spark_bench.tune.space import summarize  # what a result records of these picks
+
+    got = summarize(log[1:4])
+    assert got["config_source"] == {"test._k": "mixed"} and len(got["config"]["test._k"]) == 2
+    assert got["tuned_key"] == {"test._k": [{"n": 1024, "dtype": "bf16"}, {"n": 65536, "dtype": "bf16"}]}
+    assert "tuned_key" not in summarize(log[:1])  # no table chose anything
     assert SPACE.pick(n=2000, dtype="bf16") == {"B": 16, "num_warps": 4}  # nothing leaks out of the contexts
 
 
@@ -233,6 +241,15 @@ def test_the_report_names_each_tuned_config_an_op_ran(tmp_path):
     html = tuned_section([RunData(tmp_path, run, recs, label="r1")], _table, esc)
     assert "2 of 3 (1 at a key never tuned: the nearest one&#x27;s)" in html
     assert tuned_section([RunData(tmp_path, {"spec": {}}, recs, label="r1")], _table, esc) == ""
+    # two keys tuned to one config: the section names the entry the case took (its tuned_key), not both
+    two = _store([("test._k", {"n": 1}, {"B": 64, "num_warps": 8}, "2026-12-01"),
+                  ("test._k", {"n": 4096}, {"B": 64, "num_warps": 8}, "2026-12-02")])
+    run = {"spec": {"tuned": {"path": "t.json", "data": two.data}}}
+    took = [{**recs[0], "tuned_key": {"test._k": [{"n": 4096}]}}]
+    html = tuned_section([RunData(tmp_path, run, took, label="r1")], _table, esc)
+    assert "n=4096" in html and "n=1<" not in html and "2026-12-02" in html and "2026-12-01" not in html
+    html = tuned_section([RunData(tmp_path, run, recs[:1], label="r1")], _table, esc)  # a result without tuned_key
+    assert "n=4096" in html and "n=1<" in html
 
 
 def test_tuned_show_and_merge(tmp_path):

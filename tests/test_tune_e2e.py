@@ -80,6 +80,7 @@ def test_tune_prunes_times_resumes_chooses_and_run_uses_the_table(tmp_path, faul
     assert used.returncode == 0, used.stdout + used.stderr
     [rec] = _journal(out)
     assert rec["config"] == {"tunable._scale": tp.FAST} and rec["config_source"] == {"tunable._scale": "tuned"}
+    assert rec["tuned_key"] == {"tunable._scale": [{"n": 1024}]}  # the entry it took
     assert json.loads((out / "run.json").read_text())["spec"]["tuned"]["path"] == str(table)
     page = (out / "report.html").read_text()
     section = page[page.index('<section id="tuned">'):]

@@ -32,16 +32,24 @@ def rows(run: RunData) -> list[list[Any]]:
         for kernel, source in (rec.get("config_source") or {}).items():
             if source not in TUNED:
                 continue
-            ran = (rec.get("config") or {}).get(kernel)
-            for config in ran if isinstance(ran, list) else [ran]:
-                for entry in entries.get(kernel, []):
-                    if entry.get("config") == config and (rec["op"], kernel, str(entry["key"])) not in seen:
-                        seen.add((rec["op"], kernel, str(entry["key"])))
-                        out.append([rec["op"], kernel, _fmt_key(entry["key"]), _fmt_config(config),
-                                    _cases(run, rec["op"], kernel), entry.get("time_us"),
-                                    (entry.get("default") or {}).get("time_us"),
-                                    f"{entry.get('speedup', 0):.3f}x", entry.get("measured") or ""])
+            for entry in _entries_taken(rec, kernel, entries.get(kernel, [])):
+                if (rec["op"], kernel, str(entry["key"])) not in seen:
+                    seen.add((rec["op"], kernel, str(entry["key"])))
+                    out.append([rec["op"], kernel, _fmt_key(entry["key"]), _fmt_config(entry["config"]),
+                                _cases(run, rec["op"], kernel), entry.get("time_us"),
+                                (entry.get("default") or {}).get("time_us"),
+                                f"{entry.get('speedup', 0):.3f}x", entry.get("measured") or ""])
     return sorted(out, key=lambda r: (r[0], r[1], r[2]))
+
+
+def _entries_taken(rec: dict[str, Any], kernel: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The table entries a case took for `kernel`: by the keys it recorded (`tuned_key`), or, in a result written
+    before it recorded them, every entry holding a config it ran (two keys may share one)."""
+    keys = (rec.get("tuned_key") or {}).get(kernel)
+    if keys is not None:
+        return [e for e in entries if e.get("key") in keys]
+    ran = (rec.get("config") or {}).get(kernel)
+    return [e for e in entries if e.get("config") in (ran if isinstance(ran, list) else [ran])]
 
 
 def _cases(run: RunData, op: str, kernel: str) -> str:

@@ -72,16 +72,18 @@ class ConfigSpace:
     def pick(self, **key: Any) -> dict[str, Any]:
         """The config for a launch at these key values (forced, tuned, else declared; see the module doc)."""
         key = {k: key[k] for k in self.key if k in key} or dict(key)
-        config, source = _STATE.forced.get(self.kernel), "candidate"
+        config, source, entry_key = _STATE.forced.get(self.kernel), "candidate", None
         if config is None and _STATE.table is not None:
             found = _STATE.table.nearest(self.kernel, key)
             if found is not None and dict(found[0]["config"]) in self.candidates:  # else stale: renamed, dropped
                 config, source = found[0]["config"], "tuned" if found[1] == 0 else "tuned-nearest"
+                entry_key = found[0]["key"]
         if config is None:
             config, source = self.declared(**key), "default"
         config = dict(config)
         if _STATE.log is not None:
-            _STATE.log.append({"kernel": self.kernel, "key": key, "config": config, "source": source})
+            _STATE.log.append({"kernel": self.kernel, "key": key, "config": config, "source": source,
+                               "tuned_key": entry_key})
         return config
 
 
@@ -193,16 +195,20 @@ def recording() -> Iterator[list[dict[str, Any]]]:
         _STATE.log = saved
 
 
-def summarize(picks: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, str]]:
-    """A result's `config` (kernel -> the config that ran; a list when one case launched it with several) and
-    `config_source` (kernel -> candidate / tuned / tuned-nearest / default, or mixed) from the picks recorded during
-    one call."""
+def summarize(picks: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A result's `config` (kernel -> the config that ran; a list when one case launched it with several),
+    `config_source` (kernel -> candidate / tuned / tuned-nearest / default, or mixed) and, when a tuned table chose
+    any, `tuned_key` (kernel -> the keys of the table entries it took) from the picks recorded during one call."""
     configs: dict[str, list[dict[str, Any]]] = {}
     sources: dict[str, str] = {}
+    tuned_keys: dict[str, list[dict[str, Any]]] = {}
     for p in picks:
         seen = configs.setdefault(p["kernel"], [])
         if p["config"] not in seen:
             seen.append(p["config"])
         old = sources.get(p["kernel"])
         sources[p["kernel"]] = p["source"] if old in (None, p["source"]) else "mixed"
-    return {k: v[0] if len(v) == 1 else v for k, v in configs.items()}, sources
+        if p.get("tuned_key") is not None and p["tuned_key"] not in tuned_keys.setdefault(p["kernel"], []):
+            tuned_keys[p["kernel"]].append(p["tuned_key"])
+    out = {"config": {k: v[0] if len(v) == 1 else v for k, v in configs.items()}, "config_source": sources}
+    return {**out, "tuned_key": {k: v for k, v in tuned_keys.items() if v}} if any(tuned_keys.values()) else out
