@@ -55,10 +55,18 @@ def _driver_version() -> str | None:
         return None
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a container's or taskset's share, not the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def device_info(device: str) -> dict[str, Any]:
+    """The device's identity; a CPU's `cores` are the usable ones (a CPU run's times are host code on them)."""
     if not device.startswith("cuda"):
-        info = cpu_info()
-        return {"type": "cpu", "name": info["model"], "cores": info["cores"]}
+        return {"type": "cpu", "name": cpu_info()["model"], "cores": usable_cores()}
     dev = torch.device(device)
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
@@ -72,8 +80,8 @@ def device_info(device: str) -> dict[str, Any]:
 
 # (section, key) of each field fingerprint_id hashes, as stack_difference names them
 IDENTITY_FIELDS = (("device", "type"), ("device", "name"), ("device", "memory_bytes"), ("device", "sm_count"),
-                   ("device", "capability"), ("device", "driver"), ("device", "cuda"), ("versions", "torch"),
-                   ("versions", "triton"), ("power", "limit_w"))
+                   ("device", "capability"), ("device", "driver"), ("device", "cuda"), ("device", "cores"),
+                   ("versions", "torch"), ("versions", "triton"), ("power", "limit_w"))
 
 
 def power_info(device: str) -> dict[str, Any] | None:
@@ -131,6 +139,8 @@ def fingerprint(device: str, weights: dict[str, Any] | None = None) -> dict[str,
     power = power_info(device)
     if power:  # only where read: runs without NVML (and every CPU run) keep the ids they had
         ident["power_limit_w"] = power["limit_w"]
+    if dev["type"] == "cpu":  # 2 cores or 16 of one CPU model time host code differently (GPU ids unchanged)
+        ident["cores"] = dev["cores"]
     out = {
         "device": dev, "cpu": cpu_info(), "host": socket.gethostname(), "os": platform.platform(),
         "python": platform.python_version(), "versions": versions, "git": git_info(),

@@ -60,3 +60,16 @@ def test_compare_names_what_differs(gpu):
     gpu["limit"] = 450.0
     with pytest.raises(CompareError, match=r"power\.limit_w 700 -> 450\); pass --allow-different-device"):
         check_same_device(run(full), run(fingerprint("cuda:0")))
+
+
+def test_a_cpu_with_fewer_usable_cores_is_another_fingerprint(monkeypatch):
+    """A CPU run's times are host code: one CPU model with 2 usable cores (a container's share) and with 16 is two
+    devices; compare and resume name the difference."""
+    monkeypatch.setattr(fingerprint_module, "usable_cores", lambda: 2)
+    two = fingerprint("cpu")
+    monkeypatch.setattr(fingerprint_module, "usable_cores", lambda: 16)
+    sixteen = fingerprint("cpu")
+    assert two["device"]["cores"] == 2 and sixteen["device"]["cores"] == 16
+    assert two["fingerprint_id"] != sixteen["fingerprint_id"]
+    assert stack_difference(two, sixteen) == "device.cores 2 -> 16"
+    assert fingerprint("cpu")["fingerprint_id"] == sixteen["fingerprint_id"]
