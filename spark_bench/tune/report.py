@@ -27,8 +27,8 @@ def _drift(entry: dict[str, Any]) -> str:
     return f"{drift['max']:+.1%} ({drift['cases']})" if drift else "-"
 
 
-def entries_table(rows: list[tuple[str, dict[str, Any]]], title: str) -> Table:
-    table = Table(title=title, title_justify="left")
+def entries_table(rows: list[tuple[str, dict[str, Any]]]) -> Table:
+    table = Table()
     for col in ("kernel", "key", "config", "µs", "default µs", "speedup", "runner-up", "cases", "drift", "labels"):
         table.add_column(col, justify="right" if col in ("µs", "default µs", "speedup", "cases", "drift") else "left")
     for kernel, e in rows:
@@ -50,8 +50,10 @@ def print_store(store) -> None:
 
     out = console()
     rows = store.entries()
-    out.print(entries_table(rows, escape(f"{store.path}: {describe_device(store.data['device'])}, updated "
-                                         f"{store.data.get('updated')}, {len(rows)} entries")))
+    # the heading on its own unwrapped line: a table title wraps with the table's width, mid-path or mid-name
+    out.print(f"{store.path}: {describe_device(store.data['device'])}, updated {store.data.get('updated')}, "
+              f"{len(rows)} entries", markup=False, soft_wrap=True)
+    out.print(entries_table(rows))
     from spark_bench.tune.space import stale_entries, stale_text
 
     stale = stale_entries(store)
@@ -67,7 +69,8 @@ def print_table(session, path: Path | None) -> None:
     out = console()
     records = session.store.read_results()
     rows = select(session.tune["plan"], records)
-    out.print(entries_table(rows, escape(f"spark-bench tune {session.store.path.name}: {len(rows)} tuned entries")))
+    out.print(f"spark-bench tune {session.store.path.name}: {len(rows)} tuned entries", markup=False, soft_wrap=True)
+    out.print(entries_table(rows))
     plan = session.tune["plan"]
     pruned = sum(c["status"] == "pruned" for i in plan["items"] for c in i["candidates"])
     failed = [r for r in records if r["status"] != "ok"]
