@@ -180,6 +180,21 @@ def stored_sweep(store: results.RunStore, run: dict[str, Any]) -> tuple[SweepSpe
                                    "this run cannot be resumed") from None
 
 
+TIMER_MODES = {"cuda-graph": "graph", "cuda-event": "events"}  # a record's timing.timer -> TimingConfig.mode
+
+
+def kept_timers(records: list[dict[str, Any]]) -> dict[str, str]:
+    """case id -> the CUDA timer mode each timed case of a run used, for `run --like` to keep: `--timer auto` picks
+    by a 5-sample probe at 50 us, so a case near that line could change timer between the two runs, and `compare`
+    would set a graph time against an event time."""
+    out = {}
+    for r in records:
+        mode = TIMER_MODES.get(str((r.get("timing") or {}).get("timer")))
+        if mode is not None and not r.get("repeat"):
+            out[r["case_id"]] = mode
+    return out
+
+
 def check_same_device(path: Path, run: dict[str, Any], device: str, what: str = "measured") -> None:
     """A resumed run or tune must time on the device and stack its first cases timed on: ResultsError (one line,
     naming what differs) when this machine's fingerprint is not its run.json's: one run would mix two devices."""
@@ -277,7 +292,10 @@ class Session:
         run = store.read_run()
         if run.get("kind") == "tune":
             raise results.ResultsError(f"{path} is a tune directory, not a sweep to run again")
-        return stored_sweep(store, run)
+        spec, cfg, timeout_s = stored_sweep(store, run)
+        if cfg.mode == "auto":
+            spec.timers = kept_timers(store.read_results())
+        return spec, cfg, timeout_s
 
     @classmethod
     def resume(cls, path: Path) -> Session:

@@ -40,6 +40,7 @@ class Case:
     configs: dict[str, dict[str, Any]] | None = None  # kernel -> forced config (a `tune` candidate; in the case id)
     tuned: dict[str, Any] | None = None  # a tuned-config table the kernels look their configs up in (`run --tuned`)
     repeat: int = 0  # the n-th re-timing of this case (tune's closing timing of the defaults; in the case id)
+    timer: str | None = None  # the CUDA timer kept under --timer auto (run --like: the base's); not in the case id
 
     @property
     def case_id(self) -> str:
@@ -80,6 +81,7 @@ class SweepSpec:
     seed: int = 0
     weights: dict[str, Any] | None = None  # --weights/--layer/--routing (spark_bench.weights.make_spec)
     tuned: dict[str, Any] | None = None  # --tuned: {"path", "data"} of the tuned-config table (spark_bench.tune)
+    timers: dict[str, str] = dataclasses.field(default_factory=dict)  # case id -> timer mode kept (run --like)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -313,6 +315,8 @@ def build_cases(reg: Registry, spec: SweepSpec, notes: list[str] | None = None) 
             for params in points:
                 group = [Case(op.name, b.name, params, dtype, spec.device, spec.seed, reasons[b.name], spec.weights,
                               tuned=(spec.tuned or {}).get("data")) for b in backends]
+                if spec.timers:
+                    group = [dataclasses.replace(c, timer=spec.timers.get(c.case_id)) for c in group]
                 random.Random(f"{spec.seed}|{group[0].group if group else ''}").shuffle(group)
                 cases.extend(group)
     return cases

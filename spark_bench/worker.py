@@ -12,6 +12,7 @@ Its stderr goes to a log file whose tail the runner stores with a crash.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import faulthandler
 import functools
 import os
@@ -129,6 +130,8 @@ class CaseRunner:
         interpreted = "interpreted" in record["labels"]
         if interpreted:
             cfg = for_interpreted(cfg)
+        if case.timer and cfg.mode == "auto":  # run --like: the base's timer, not a new probe's (near 50 us it flips)
+            cfg = dataclasses.replace(cfg, mode=case.timer)
         sets, ref, extra = self._inputs(op, case, n_sets)
         record["extra"] = dict(extra)
         cost = op.cost(case.params, case.dtype)

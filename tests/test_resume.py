@@ -120,3 +120,34 @@ def test_resume_on_another_device_is_refused(tmp_path, fault_env):
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "versions.torch '2.11.0' -> " in done.stderr and "would mix two devices' timings" in done.stderr
     assert len(_case_ids(journal)) == 1
+
+
+def test_like_keeps_each_cases_timer_from_the_base(tmp_path, monkeypatch):
+    """`--timer auto` picks graph or events from a 5-sample probe at 50 us: a case near that line could change timer
+    between the base and its `--like` run, and compare would set a graph time against an event time. The new run
+    keeps each case's timer from the base (a GPU base's timers, simulated on this CPU's records)."""
+    from conftest import run_cli
+
+    import spark_bench.timing as timing
+
+    base, new = tmp_path / "base", tmp_path / "new"
+    args = ["--op", "kda.gate", "--backend", "torch", "--quick", "--dtype", "bf16", "--set", "tokens=1,7",
+            "--set", "head_dim=60", "--max-time", "0.02"]
+    code, _, err = run_cli("run", *args, "--out", base, "--no-report", "--executor", "inprocess")
+    assert code == 0, err
+    records = [json.loads(line) for line in (base / "results.jsonl").read_text().splitlines() if line.strip()]
+    for record, timer in zip(records, ["cuda-graph", "cuda-event"], strict=True):
+        record["timing"]["timer"] = timer
+    (base / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    modes, real = {}, timing.measure
+
+    def measure(calls, device, cfg):
+        modes[len(modes)] = cfg.mode
+        return real(calls, device, cfg)
+
+    monkeypatch.setattr(timing, "measure", measure)
+    code, _, err = run_cli("run", "--like", base, "--out", new, "--no-report", "--executor", "inprocess")
+    assert code == 0, err
+    kept = json.loads((new / "run.json").read_text())["spec"]["timers"]
+    assert kept == {records[0]["case_id"]: "graph", records[1]["case_id"]: "events"}
+    assert sorted(modes.values()) == ["events", "graph"]  # each case timed with its base's timer
