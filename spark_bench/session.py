@@ -19,7 +19,7 @@ from spark_bench.console import console, failures_table, results_table, summary_
 from spark_bench.runner import Runner, default_timeout
 from spark_bench.sweep import Case, SweepSpec, UsageError, build_cases
 from spark_bench.telemetry import RunTelemetry, percent_of_peak
-from spark_bench.timing import TimingConfig
+from spark_bench.timing import TIMER_MODES, TimingConfig
 
 
 def estimates(todo: list[Case], sources: collections.Counter[str] | None = None) -> dict[str, float]:
@@ -178,9 +178,6 @@ def stored_sweep(store: results.RunStore, run: dict[str, Any]) -> tuple[SweepSpe
     except (KeyError, TypeError, ValueError) as exc:
         raise results.ResultsError(f"{store.run_file}: no usable sweep spec ({type(exc).__name__}: {exc}); "
                                    "this run cannot be resumed") from None
-
-
-TIMER_MODES = {"cuda-graph": "graph", "cuda-event": "events"}  # a record's timing.timer -> TimingConfig.mode
 
 
 def kept_timers(records: list[dict[str, Any]]) -> dict[str, str]:

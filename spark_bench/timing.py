@@ -37,6 +37,7 @@ from spark_bench.stats import MIN_CI_SAMPLES, rel_ci, summarize
 
 Call = Callable[[], Any]
 GRAPH_BELOW_US = 50.0
+TIMER_MODES = {"cuda-graph": "graph", "cuda-event": "events"}  # a result's timing.timer -> the mode that reproduces it
 
 
 @dataclasses.dataclass(frozen=True)

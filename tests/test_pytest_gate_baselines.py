@@ -141,3 +141,20 @@ def test_a_saved_run_keeps_its_raw_samples(pytester, fresh_registry):
     assert len(saved) == 1
     case = saved[0]["benchmarks"][0]
     assert len(case["stats"]["data"]) == case["stats"]["rounds"] >= 3
+
+
+def test_each_case_keeps_the_baselines_timer(pytester, baseline):
+    """`--spark-timer auto` picks graph or events from a probe at 50 us: a case near the line could be timed one way
+    in the baseline and the other now, and the gate would set a graph time against an event time. Each case keeps
+    the baseline's timer (a GPU baseline's, simulated on this CPU's), and says so (extra_info.timer_kept)."""
+    baseline["benchmarks"][0]["extra_info"]["timer"] = "cuda-graph"
+    name = _damaged(pytester, baseline, "gpu-base.json")
+    pytester.runpytest(*GOOD, f"--benchmark-compare={name}", "--benchmark-json", "new.json").assert_outcomes(passed=1)
+    [bench] = json.loads((pytester.path / "new.json").read_text())["benchmarks"]
+    assert bench["extra_info"]["timer_kept"] == "graph"
+    pytester.runpytest(*GOOD, f"--benchmark-compare={name}", "--spark-timer", "events", "--benchmark-json",
+                       "pinned.json").assert_outcomes(passed=1)
+    [bench] = json.loads((pytester.path / "pinned.json").read_text())["benchmarks"]
+    assert "timer_kept" not in bench["extra_info"]  # a timer given on the command line wins
+    pytester.runpytest(*GOOD, "--benchmark-json", "alone.json").assert_outcomes(passed=1)
+    assert "timer_kept" not in json.loads((pytester.path / "alone.json").read_text())["benchmarks"][0]["extra_info"]

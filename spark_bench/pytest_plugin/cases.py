@@ -126,6 +126,11 @@ def _case_test(case: Any, state: Any):
 
 
 def run_case(case: Any, state: Any, benchmark: Any, item: pytest.Item) -> None:
+    kept = baseline_timer(item)
+    if kept is not None:  # as `run --like`: the baseline's timer, not a new probe's (near 50 us it flips)
+        import dataclasses
+
+        case = dataclasses.replace(case, timer=kept)
     record = state.runner.run(case, state.timing_config(case.device, minimal=not benchmark.enabled))
     if case.weights:  # what the case ran on, as `spark-bench run` labels its records (weights/label.py)
         from spark_bench.weights.label import labels_of
@@ -133,6 +138,8 @@ def run_case(case: Any, state: Any, benchmark: Any, item: pytest.Item) -> None:
         label = labels_of([case], state.registry()).get(case.case_id)
         record["weights"] = label
     benchmark.extra_info.update(case_info(record, state))
+    if kept is not None:
+        benchmark.extra_info["timer_kept"] = kept
     status = record["status"]
     if status != "ok":
         not_timed(benchmark)
@@ -142,6 +149,22 @@ def run_case(case: Any, state: Any, benchmark: Any, item: pytest.Item) -> None:
                         pytrace=False)
         pytest.fail(f"{where}: {status}: {record['error']}\n{record.get('traceback') or ''}".rstrip(), pytrace=False)
     feed(benchmark, item, record["timing"])
+
+
+def baseline_timer(item: pytest.Item) -> str | None:
+    """The CUDA timer mode ('graph', 'events') the --benchmark-compare baseline timed this benchmark with, or None
+    (no baseline loaded, the benchmark not in it, or a CPU timer). Applied under --spark-timer auto only."""
+    if item.config.getoption("spark_timer") != "auto":
+        return None
+    from spark_bench.timing import TIMER_MODES
+
+    mapping = getattr(getattr(item.config, "_benchmarksession", None), "compared_mapping", None) or {}
+    for benchmarks in mapping.values():
+        saved = benchmarks.get(item.nodeid) if isinstance(benchmarks, dict) else None
+        extra = saved.get("extra_info") if isinstance(saved, dict) else None
+        if isinstance(extra, dict) and TIMER_MODES.get(str(extra.get("timer"))):
+            return TIMER_MODES[str(extra["timer"])]
+    return None
 
 
 def check_summary(record: dict[str, Any]) -> str:
