@@ -179,7 +179,8 @@ def test_the_best_of_many_candidates_must_beat_a_wider_noise():
     """A 3% win with CIs of 1.2% each (2.4% summed) is shown for one candidate, but not as the best of eight: the
     chance that one of eight equal configs looks 3% faster is far above 5% (Bonferroni: z(1 - 0.05/16) / z(0.975)
     = 1.395 times the CI)."""
-    from spark_bench.tune.search import _widening
+    from spark_bench.stats import Z95
+    from spark_bench.tune.search import _z
 
     others = [{"B": b, "num_warps": w} for b in (32, 64, 128, 256) for w in (2, 8)][1:]
     others.remove(FAST)
@@ -192,8 +193,27 @@ def test_the_best_of_many_candidates_must_beat_a_wider_noise():
     slow = {config_id(c): ("ok", 10.0 + i / 10) for i, c in enumerate(others)}
     [(_, among)] = select(eight, _records(eight, [{**times, **slow}], rel_ci=0.012))
     assert among["config"] == DEFAULT and among["within_noise"]["id"] == config_id(FAST)
-    assert among["within_noise"]["noise"] == pytest.approx(0.024 * _widening(8), abs=1e-4)
-    assert _widening(1) == 1.0 and _widening(8) == pytest.approx(1.395, abs=1e-3)
+    assert among["within_noise"]["noise"] == pytest.approx(0.024 * _z(8) / Z95, abs=1e-4)  # stored CIs, scaled
+    assert _z(1) == pytest.approx(Z95) and _z(8) / Z95 == pytest.approx(1.395, abs=1e-3)
+
+
+def test_with_raw_samples_the_corrected_ci_is_the_samples_own():
+    """Stored raw samples give the median's order-statistic CI at the corrected level itself (no normal scaling of
+    a skewed timing's CI); without them the stored 95% CI is scaled."""
+    import numpy as np
+
+    from spark_bench.stats import Z95, median_ci
+    from spark_bench.tune.search import _rel_ci, _z
+
+    rng = np.random.default_rng(3)
+    samples = sorted((10.0 + rng.exponential(0.5, 40)).tolist())  # skewed, as timings are
+    timing = {"median": float(np.median(samples)), "rel_ci": 0.02, "samples": samples}
+    for z in (Z95, _z(8)):
+        lo, hi = median_ci(np.asarray(samples), z)
+        assert _rel_ci(timing, z) == pytest.approx((hi - lo) / 2 / float(np.median(samples)))
+    assert _rel_ci(timing, _z(8)) > _rel_ci(timing, Z95)
+    assert _rel_ci({"rel_ci": 0.02}, _z(8)) == pytest.approx(0.02 * _z(8) / Z95)
+    assert _rel_ci({"rel_ci": None, "samples": [1.0]}) == float("inf")
 
 
 @pytest.mark.parametrize("label", ["throttled", "recompiled-in-timing"])

@@ -21,7 +21,10 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from spark_bench import results
+from spark_bench.stats import MIN_CI_SAMPLES, Z95, median_ci
 from spark_bench.sweep import Case, SweepSpec, UsageError
 from spark_bench.timing import TimingConfig
 from spark_bench.tune import plan as planning
@@ -29,9 +32,9 @@ from spark_bench.tune.space import config_id, key_id
 
 PRUNE_DEADLINE_S = 900.0  # offline compiles of a tune without --budget
 # A candidate replaces the declared default only when faster by more than MIN_GAIN and than the noise: the two
-# timings' summed relative 95% CIs, widened for the number of candidates compared (Bonferroni), plus half the
-# default's drift between its two timings (median over the key's cases). A win inside the noise would make the
-# table churn from tune to tune.
+# timings' relative CIs summed, each at the level the number of candidates compared asks (Bonferroni: 95% for one),
+# plus half the default's drift between its two timings (median over the key's cases). A win inside the noise would
+# make the table churn from tune to tune.
 MIN_GAIN = 0.01
 ALPHA = 0.05  # the CIs' level is 1 - ALPHA
 UNRANKABLE = ("throttled", "recompiled-in-timing")  # labels of a timing that says little about the config
@@ -218,11 +221,19 @@ def _claim(store: results.RunStore) -> None:
                                    f"{store.path}` or another --run-dir")
 
 
-def _rel_ci(timing: dict[str, Any]) -> float:
-    """A timing's relative 95% CI half-width; inf when it has none (a single sample): its noise is unknown, so no
-    candidate can be shown to beat the default with it."""
+def _rel_ci(timing: dict[str, Any], z: float = Z95) -> float:
+    """A timing's relative CI half-width at the normal quantile z (1.96: 95%): from its raw samples (the order
+    statistics of the median, as stats.median_ci) when it stores 6 or more, else its stored 95% one scaled by
+    z / 1.96; inf when it has none (a single sample): its noise is unknown, so no candidate can be shown to beat
+    the default with it."""
+    samples = timing.get("samples")
+    if isinstance(samples, list) and len(samples) >= MIN_CI_SAMPLES and all(map(results.is_number, samples)):
+        s = np.sort(np.asarray(samples, dtype=np.float64))
+        med = float(np.median(s))
+        lo, hi = median_ci(s, z)
+        return (hi - lo) / (2.0 * med) if med > 0 else math.inf
     value = timing.get("rel_ci")
-    return float(value) if results.is_number(value) else math.inf
+    return float(value) * z / Z95 if results.is_number(value) else math.inf
 
 
 def _geomean(values: list[float]) -> float:
@@ -302,35 +313,31 @@ def _declared_ran(planned: dict[str, Any], ran: Any) -> dict[str, Any] | None:
     return None
 
 
-def _reference(case: dict[str, Any]) -> tuple[float, float | None, float]:
+def _reference(case: dict[str, Any]) -> tuple[float, float | None, list[dict[str, Any]]]:
     """A case's default time (the geometric mean of its two timings when the closing round timed it again), the
-    drift between them (again / first - 1; None: not timed again) and its relative 95% CI."""
+    drift between them (again / first - 1; None: not timed again) and those timings."""
     first = case["default"][1]["timing"]
     again = (case["again"] or {}).get("timing")
     if not again or not again["median"] > 0 or not first["median"] > 0:
-        return first["median"], None, _rel_ci(first)
-    return math.sqrt(first["median"] * again["median"]), again["median"] / first["median"] - 1.0, \
-        max(_rel_ci(first), _rel_ci(again))
+        return first["median"], None, [first]
+    return math.sqrt(first["median"] * again["median"]), again["median"] / first["median"] - 1.0, [first, again]
 
 
-def _widening(compared: int) -> float:
-    """How much wider a CI must be for `compared` candidates tested against the default at once (Bonferroni: each
-    at ALPHA / compared), as a factor on the 95% CI half-width of a normal estimate."""
-    if compared <= 1:
-        return 1.0
-    z = statistics.NormalDist().inv_cdf
-    return z(1 - ALPHA / (2 * compared)) / z(1 - ALPHA / 2)
+def _z(compared: int) -> float:
+    """The normal quantile of each of `compared` candidates' tests against the default at once (Bonferroni: each at
+    ALPHA / compared; 1.96 for one)."""
+    return statistics.NormalDist().inv_cdf(1 - ALPHA / (2 * max(1, compared)))
 
 
 def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -> dict[str, Any] | None:
     times: dict[str, list[float]] = {}
     defaults: dict[str, list[float]] = {}
-    spreads: dict[str, list[tuple[float, float]]] = {}  # per case: (the two relative 95% CIs summed, drift / 2)
+    spreads: dict[str, list[tuple[Any, list[Any], float]]] = {}  # per case: (its timing, the default's, drift)
     configs: dict[str, Any] = {}
     labels: set[str] = set()
     drifts: list[float] = []
     for case in bucket["cases"]:
-        reference, drift, default_ci = _reference(case)
+        reference, drift, default_timings = _reference(case)
         if not reference > 0:
             continue  # a graph-timed call no slower than the flush it follows: 0 us, nothing to rank it by
         if drift is not None:
@@ -340,15 +347,12 @@ def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -
             if (kernel, name) in rejected or name in bucket["untimed"] or \
                     (name != "default" and config == default_config):
                 continue
-            if name == "default":
-                t, ci = reference, 0.0
-            elif rec["timing"]["median"] > 0:
-                t, ci = rec["timing"]["median"], _rel_ci(rec["timing"])
-            else:
+            if name != "default" and not rec["timing"]["median"] > 0:
                 continue
-            times.setdefault(name, []).append(t)
+            times.setdefault(name, []).append(reference if name == "default" else rec["timing"]["median"])
             defaults.setdefault(name, []).append(reference)
-            spreads.setdefault(name, []).append((ci + default_ci, abs(drift or 0.0) / 2))
+            spreads.setdefault(name, []).append((None if name == "default" else rec["timing"], default_timings,
+                                                 abs(drift or 0.0)))
             configs[name] = config
             labels.update(rec.get("labels") or [])
     if "default" not in times:
@@ -356,8 +360,10 @@ def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -
     ratio = {n: _geomean([t / d for t, d in zip(times[n], defaults[n], strict=True)]) for n in times}
     ranked = sorted(times, key=lambda n: ratio[n])
     best, runner = ranked[0], ranked[1] if len(ranked) > 1 else None
-    widen = _widening(len(times) - 1)
-    noise = max(MIN_GAIN, statistics.median(ci * widen + half_drift for ci, half_drift in spreads[best]))
+    z = _z(len(times) - 1)
+    noise = max(MIN_GAIN, statistics.median(
+        (_rel_ci(timing, z) if timing else 0.0) + max(_rel_ci(d, z) for d in default) + drift / 2
+        for timing, default, drift in spreads[best]))
     within_noise = None
     if best != "default" and 1.0 - ratio[best] <= noise:  # not faster beyond the noise: the default stays
         within_noise = {"id": config_id(configs[best]), "speedup": round(1.0 / ratio[best], 4),
