@@ -31,6 +31,7 @@ from spark_bench.report.model import (
     timing,
     untimed_status,
 )
+from spark_bench.report.timeline import timeline_section
 from spark_bench.report.tuned import tuned_section
 from spark_bench.telemetry.calibrate import busy_text
 
@@ -367,6 +368,7 @@ def render(runs: Sequence[RunData], baseline: str = "torch", threshold: float = 
     verdicts = {(ri, id(d.new)): d.verdict for ri, ds in diffs.items() for d in ds if d.new is not None}
     sections = [summary(runs, baseline, colours), problems_section(runs), environment(runs)]
     sections.append(tuned_section(runs, _table, esc))  # `run --tuned`: the tuned config each kernel ran
+    sections.append(timeline_section(runs, data, esc))  # a GPU run's NVML power/clock samples over time
     if diffs:
         sections.append(comparison(runs, diffs, data, threshold, metric))
     for i, op in enumerate(ops):
@@ -384,7 +386,9 @@ def render(runs: Sequence[RunData], baseline: str = "torch", threshold: float = 
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
         f'<header class="top"><b>spark-bench</b><span>{esc(", ".join(r.label for r in runs))}</span>'
         f'<a href="#summary">summary</a><a href="#problems">failures</a><a href="#env">environment</a>'
-        + ('<a href="#compare">comparison</a>' if diffs else "") + f'<a href="#cases">all cases</a>{nav}'
+        + ('<a href="#compare">comparison</a>' if diffs else "")
+        + ('<a href="#timeline">power timeline</a>' if 'id="timeline"' in "".join(sections) else "")
+        + f'<a href="#cases">all cases</a>{nav}'
         f'<span class="muted" style="margin-left:auto">generated {when}</span></header><main>',
         *sections, "</main>",
         f'<script type="application/json" id="sb-data">{script_json(data)}</script>',
