@@ -57,7 +57,8 @@ def list_cmd(as_json: bool, device: str | None, ops: tuple[str, ...]) -> None:
     why = probe_backends([(name, b) for name, op in chosen.items() for b in op.backends.values()], device)
     data = {
         "device": device,
-        "ops": {name: {"axes": {a.name: list(a.values) for a in op.axes}, "dtypes": list(op.dtypes),
+        "ops": {name: {"axes": {a.name: list(a.values) for a in op.axes},
+                       "also": {a.name: list(a.also) for a in op.axes if a.also}, "dtypes": list(op.dtypes),
                        "presets": sorted(op.presets),
                        "backends": {b.name: {"available": why[(name, b.name)] is None,
                                              "reason": why[(name, b.name)], "labels": b.labels_for(device),
@@ -73,6 +74,7 @@ def list_cmd(as_json: bool, device: str | None, ops: tuple[str, ...]) -> None:
     for name, info in data["ops"].items():
         most = None if ops else 6  # every value of the ops asked for; an overview of all
         axes = ", ".join(f"{a}={'/'.join(map(str, v[:most]))}{'…' if most and len(v) > most else ''}"
+                         + (f" (--set also: {'/'.join(map(str, info['also'][a]))})" if a in info["also"] else "")
                          for a, v in info["axes"].items())
         presets = f"  presets {', '.join(info['presets'])}" if info["presets"] else ""
         out.print(f"[bold]{escape(name)}[/]  dtypes {'/'.join(info['dtypes'])}  axes {escape(axes)}{escape(presets)}")

@@ -52,6 +52,10 @@ def test_list_of_selected_ops_shows_every_axis_value():
     assert code == 0 and out.startswith("moe.align ") and "kda." not in out and "moe.experts" not in out
     assert "tokens=1/2/4/5/6/7/8/16/" in out and "/16384," in out  # not cut after 6 values
     assert "presets deepseek-v3, glm-4.5, kimi-linear" in out  # what --preset takes for it
+    code, out, _ = run_cli("list", "--op", "moe.layer", "--device", "cpu")
+    assert code == 0 and "shared_format=routed (--set also: bf16)" in " ".join(out.split())  # not swept, accepted
+    code, out, _ = run_cli("list", "--op", "moe.layer", "--device", "cpu", "--json")
+    assert json.loads(out)["ops"]["moe.layer"]["also"] == {"shared_format": ["bf16"]}
 
 
 def test_env_json_has_fingerprint():
