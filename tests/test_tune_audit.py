@@ -261,6 +261,9 @@ def test_a_candidate_the_budget_left_untimed_in_one_case_of_a_key_is_not_chosen(
              {"default": ("ok", 10.0), config_id(SLOW): ("ok", 9.0)}]
     [(_, entry)] = select(plan, _records(plan, times, rel_ci=0.01))
     assert entry["config"] == SLOW and entry["untimed"] == 1 and entry["cases"] == 2
+    from spark_bench.tune.report import _cases
+
+    assert _cases(entry) == "2 (1 untimed)" and _cases({**entry, "unranked": 3}) == "2 (3 unranked, 1 untimed)"
     times[1][config_id(FAST)] = ("ok", 5.0)  # resumed with a larger budget: now timed in both
     [(_, entry)] = select(plan, _records(plan, times, rel_ci=0.01))
     assert entry["config"] == FAST and entry["untimed"] == 0

@@ -21,6 +21,13 @@ def _us(value: float | None) -> str:
     return fmt_num(value, 4)  # 46670, 12.35: as run's tables, never 4.667e+04
 
 
+def _cases(entry: dict[str, Any]) -> str:
+    """How many cases the choice rests on, and the timings it left out: throttled or recompiling (unranked), and
+    candidates the budget left untimed somewhere at this key."""
+    left = [f"{entry[k]} {k}" for k in ("unranked", "untimed") if entry.get(k)]
+    return str(entry.get("cases", "")) + (f" ({', '.join(left)})" if left else "")
+
+
 def _drift(entry: dict[str, Any]) -> str:
     """The default's largest change between its two timings, over how many cases ('-': not timed twice)."""
     drift = entry.get("drift")
@@ -39,7 +46,7 @@ def entries_table(rows: list[tuple[str, dict[str, Any]]]) -> Table:
         note = f" ({close['speedup']:.3f}x, within {noise} noise)" if close else ""
         cells = [kernel, _key(e["key"]), chosen, _us(e["time_us"]), _us(e["default"]["time_us"]),
                  f"{e['speedup']:.3f}x", f"{config_id(runner['config'])} {_us(runner['time_us'])}{note}"
-                 if runner else "-", str(e.get("cases", "")), _drift(e), ",".join(e.get("labels") or [])]
+                 if runner else "-", _cases(e), _drift(e), ",".join(e.get("labels") or [])]
         table.add_row(*map(escape, cells))  # a table's names are text, never rich markup (`k[/]`)
     return table
 
