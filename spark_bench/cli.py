@@ -188,7 +188,8 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
         connect(history_db, create=True).close()
     if session is None:
         executor.prestart(spec.device)  # the workers start up (torch, plugins) while this process finds the cases
-        session = Session.create(spec, cfg, out, timeout, command=sys.argv, results_root=RESULTS_ROOT)
+        session = Session.create(spec, cfg, out, timeout, command=sys.argv, results_root=RESULTS_ROOT,
+                                 own_pids=executor.own_pids())
     code = session.execute(report=not no_report, executor=executor, confirm_crashes=not no_confirm_crashes)
     if like is not None:
         click.echo(f"compare: spark-bench compare {like} {session.store.path}")

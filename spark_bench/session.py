@@ -254,7 +254,9 @@ class Session:
 
     @classmethod
     def create(cls, spec: SweepSpec, cfg: TimingConfig, out: Path | None, timeout: float | None,
-               command: list[str], results_root: Path) -> Session:
+               command: list[str], results_root: Path, own_pids: set[int] | frozenset[int] = frozenset()) -> Session:
+        """A new run: its cases, directory and run.json, after the GPU's preflight (`own_pids`: the run's
+        prestarted workers, which are not "other processes" on the GPU)."""
         cases = cls._cases(spec)
         from spark_bench.fingerprint import fingerprint
         from spark_bench.telemetry import preflight, roofline_for
@@ -264,7 +266,7 @@ class Session:
         store = results.RunStore(out if out is not None else results_root / run_id)
         timeout_s = timeout if timeout is not None else default_timeout(spec.device)
         store.lock()  # before anything is written: a second run of this directory is refused, naming this one
-        check = preflight(spec.device) if spec.device.startswith("cuda") else None
+        check = preflight(spec.device, own_pids=own_pids) if spec.device.startswith("cuda") else None
         for warning in (check or {}).get("warnings", []):
             console(stderr=True).print(f"warning: {warning}", markup=False)
         roofline = roofline_for(spec.device, measure=True)  # once per device fingerprint, cached

@@ -78,6 +78,7 @@ def test_a_prestarted_worker_is_adopted_with_its_start_up_log(tmp_path, monkeypa
     executor = LocalExecutor()
     executor.prestart("cpu")
     early = executor.early["cpu"]
+    assert executor.own_pids() == {early.process.pid}  # what the preflight must not call another GPU process
     park = early.log_path
     with open(park, "a") as f:  # what the worker wrote while the parent was still preparing the run
         f.write("early start-up line\n")

@@ -219,14 +219,14 @@ def test_nvml_absent_path():
 
 
 def test_preflight_warnings():
-    busy = FakeSource(processes=[{"pid": 4242, "used_memory_bytes": 2**30}], sm_mhz=345.0, power_limit_w=500.0,
-                      reasons=0x20)
+    busy = FakeSource(processes=[{"pid": 1, "used_memory_bytes": 2**30}], sm_mhz=345.0, power_limit_w=500.0,
+                      reasons=0x20)  # pid 1: a process of this namespace that is not this run's
     r = preflight(source=busy)
     assert r["ok"] is False and len(r["warnings"]) == 4
     text = " ".join(r["warnings"])
-    for needle in ("4242", "idle", "500 W is below the default 700 W", "sw_thermal_slowdown"):
+    for needle in ("(pid 1)", "idle", "500 W is below the default 700 W", "sw_thermal_slowdown"):
         assert needle in text
-    assert r["records"]["other_processes"][0]["pid"] == 4242
+    assert r["records"]["other_processes"][0]["pid"] == 1
     clean = preflight(source=FakeSource())
     assert clean["ok"] is True and clean["warnings"] == [] and clean["records"]["power_limit_w"] == 700.0
 

@@ -222,3 +222,25 @@ def test_a_sampler_thread_that_fails_says_so(caplog):
     sampler.stop()
     assert isinstance(handle.error, OSError)
     assert "stopped sampling: OSError: No space left on device" in caplog.text
+
+
+def test_the_runs_own_workers_are_not_other_processes_on_the_gpu():
+    """The local executor prestarts its workers before the preflight, and each holds a CUDA context by then
+    (torch.cuda.set_device creates one on CUDA 12): listed by NVML, they were warned of as other processes
+    disturbing the run. Inside a container NVML gives host PIDs this process cannot see: as many of those as the
+    run has processes may be its own, so only a surplus is warned of."""
+    import os
+
+    from spark_bench.telemetry.fake import FakeSource
+
+    worker, stranger = os.getpid() + 100_000, 1  # a (simulated) worker pid; pid 1 is not this run's
+    own = preflight(source=FakeSource(processes=[{"pid": worker}, {"pid": os.getpid()}]), own_pids={worker})
+    assert own["ok"] is True and own["records"]["other_processes"] == []
+    other = preflight(source=FakeSource(processes=[{"pid": worker}, {"pid": stranger}]), own_pids={worker})
+    assert other["ok"] is False and "1 other process(es) use this GPU (pid 1)" in other["warnings"][0]
+    hidden = [{"pid": 4_000_000 + i} for i in range(3)]  # no such PIDs here: another namespace's
+    check = preflight(source=FakeSource(processes=hidden), own_pids={worker})  # this run: 2 processes
+    assert len(check["records"]["unidentified_processes"]) == 3
+    assert check["warnings"] == ["3 process(es) use this GPU under PIDs of another namespace (a container's host "
+                                 "PIDs), at least 1 of them not this run's: timings and energy will be disturbed"]
+    assert preflight(source=FakeSource(processes=hidden[:2]), own_pids={worker})["ok"] is True

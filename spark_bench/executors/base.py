@@ -78,6 +78,11 @@ class Executor(abc.ABC):
         start-up then overlaps the parent's plugin discovery). Optional; nothing by default."""
         return None
 
+    def own_pids(self) -> set[int]:
+        """The PIDs of the processes this executor started on this machine (prestarted workers): the run's own,
+        not "other processes" on the GPU in the preflight."""
+        return set()
+
 
 @dataclasses.dataclass(frozen=True)
 class Slot:

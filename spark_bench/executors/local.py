@@ -309,12 +309,10 @@ def _remove_stale_parks() -> None:
     for path in Path(tempfile.gettempdir()).glob(f"{PARK_PREFIX}*-*"):
         try:
             os.kill(int(path.name[len(PARK_PREFIX):].split("-")[0]), 0)
-        except ValueError:
-            continue  # not ours
         except ProcessLookupError:
             shutil.rmtree(path, ignore_errors=True)
-        except PermissionError:
-            continue  # alive, another user's
+        except (ValueError, PermissionError):
+            continue  # not ours, or alive and another user's
 
 
 class LocalExecutor(Executor):
@@ -323,8 +321,7 @@ class LocalExecutor(Executor):
     name = "local"
 
     def __init__(self, slots: Sequence[Slot] | None = None, retries: int = 0) -> None:
-        self.slots = list(slots) if slots else None
-        self.retries = retries
+        self.slots, self.retries = (list(slots) if slots else None), retries
         self.timeline: list[tuple[str, str, float, float]] = []  # (slot, case_id, start, end), monotonic seconds
         self.early: dict[str, Worker] = {}  # slot label -> a worker started by prestart()
         self.early_device: str | None = None
@@ -348,6 +345,9 @@ class LocalExecutor(Executor):
         for slot in self.slots or parse_devices(None, device):
             self.early[slot.label] = Worker(slot.device, park, dict(slot.env), slot.label)
         atexit.register(lambda: [w.kill() for w in self.early.values()])
+
+    def own_pids(self) -> set[int]:
+        return {w.process.pid for w in self.early.values() if getattr(w.process, "pid", None)}
 
     def run(self, cases: Sequence[Case], ctx: RunContext, sink: Sink) -> None:
         slots = self.slots or parse_devices(None, ctx.device)

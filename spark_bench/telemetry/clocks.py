@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from spark_bench.telemetry.nvml import CAP_REASONS_MASK, MIG_NOTE, Source, open_source, reason_names
@@ -56,10 +57,20 @@ class ThrottleGuard:
         self._next = self.backoff_s
 
 
-def preflight(device: Any = 0, *, source: Source | None = None) -> dict[str, Any]:
+def _visible(pid: int) -> bool:
+    """Whether `pid` is a process of this PID namespace (NVML gives host PIDs: inside a container it is not)."""
+    return os.path.exists(f"/proc/{pid}")
+
+
+def preflight(device: Any = 0, *, source: Source | None = None, own_pids: Iterable[int] = ()) -> dict[str, Any]:
     """Pre-run check of a GPU: {"ok", "warnings": [one line each], "records": {...}, "reason"}. Warns (and logs)
     when other processes use the GPU, the clocks look idle, the power limit is below its default, or a cap reason
-    is already set. `reason` says why nothing could be checked (no NVML); then ok is None."""
+    is already set. `reason` says why nothing could be checked (no NVML); then ok is None.
+
+    `own_pids`: the run's own processes besides this one (its prestarted workers, which hold a CUDA context by
+    now): never "other processes". A PID this process cannot see (another PID namespace: NVML reports host PIDs
+    inside a container) cannot be told apart from the run's own: such processes are warned of only when there are
+    more of them than the run has processes, and then as "at least" the difference."""
     if source is None:
         source, why = open_source(device)
         if source is None:
@@ -67,19 +78,27 @@ def preflight(device: Any = 0, *, source: Source | None = None) -> dict[str, Any
     sm, default_sm = source.sm_clock_mhz(), source.default_sm_clock_mhz()
     limit, default_limit = source.power_limit_w(), source.default_power_limit_w()
     reasons = source.clock_event_reasons()
-    others = [p for p in (source.processes() or []) if p.get("pid") != os.getpid()]
+    ours = {os.getpid(), *own_pids}
+    listed = [p for p in (source.processes() or []) if p.get("pid") not in ours]
+    others = [p for p in listed if _visible(p["pid"])]
+    unseen = [p for p in listed if not _visible(p["pid"])]
     power, power_field = source.power_w()
     records = {
         "device_name": source.device_name(), "driver": source.driver_version(), "sm_mhz": sm,
         "mem_mhz": source.mem_clock_mhz(), "default_sm_mhz": default_sm, "temp_c": source.temperature_c(),
         "power_w": power, "power_field": power_field, "power_limit_w": limit, "default_power_limit_w": default_limit,
-        "reasons": reason_names(reasons), "other_processes": others, "mig": source.mig, "missing": dict(source.missing),
+        "reasons": reason_names(reasons), "other_processes": others, "unidentified_processes": unseen,
+        "mig": source.mig, "missing": dict(source.missing),
     }
     warnings = [MIG_NOTE + ": a net energy per call includes theirs"] if source.mig else []
     if others:
         pids = ", ".join(str(p["pid"]) for p in others[:8])
         warnings.append(f"{len(others)} other process(es) use this GPU (pid {pids}): timings and energy will be "
                         "disturbed")
+    if len(unseen) > len(ours):  # each of the run's own processes could be one of them, not more
+        warnings.append(f"{len(unseen)} process(es) use this GPU under PIDs of another namespace (a container's "
+                        f"host PIDs), at least {len(unseen) - len(ours)} of them not this run's: timings and energy "
+                        "will be disturbed")
     if sm is not None and default_sm and sm < IDLE_CLOCK_FRACTION * default_sm:
         warnings.append(f"clocks look idle (SM {sm:.0f} MHz of default {default_sm:.0f} MHz): keep warm-up on so "
                         "the first cases are not measured while the GPU ramps up")
