@@ -225,7 +225,7 @@ def test_a_sampler_thread_that_fails_says_so(caplog):
 
 
 def test_the_runs_own_workers_are_not_other_processes_on_the_gpu():
-    """The local executor prestarts its workers before the preflight, and each holds a CUDA context by then
+    """The local executor prestarts its workers before the preflight, and each may hold a CUDA context by then
     (torch.cuda.set_device creates one on CUDA 12): listed by NVML, they were warned of as other processes
     disturbing the run. Inside a container NVML gives host PIDs this process cannot see: as many of those as the
     run has processes may be its own, so only a surplus is warned of."""

@@ -67,8 +67,8 @@ def preflight(device: Any = 0, *, source: Source | None = None, own_pids: Iterab
     when other processes use the GPU, the clocks look idle, the power limit is below its default, or a cap reason
     is already set. `reason` says why nothing could be checked (no NVML); then ok is None.
 
-    `own_pids`: the run's own processes besides this one (its prestarted workers, which hold a CUDA context by
-    now): never "other processes". A PID this process cannot see (another PID namespace: NVML reports host PIDs
+    `own_pids`: the run's own processes besides this one (its prestarted workers, which may hold a CUDA context
+    by now): never "other processes". A PID this process cannot see (another PID namespace: NVML reports host PIDs
     inside a container) cannot be told apart from the run's own: such processes are warned of only when there are
     more of them than the run has processes, and then as "at least" the difference."""
     if source is None:
