@@ -33,8 +33,8 @@ def decimate(samples: Sequence[dict[str, Any]], max_points: int = MAX_POINTS) ->
     for start in range(0, len(samples), k):
         bucket = samples[start:start + k]
         powered = [i for i, s in enumerate(bucket) if s.get("power_w") is not None] or [0]
-        lo = min(powered, key=lambda i: bucket[i]["power_w"] if bucket[i].get("power_w") is not None else 0)
-        hi = max(powered, key=lambda i: bucket[i]["power_w"] if bucket[i].get("power_w") is not None else 0)
+        watts = [bucket[i].get("power_w") or 0.0 for i in powered]
+        lo, hi = powered[watts.index(min(watts))], powered[watts.index(max(watts))]
         out.extend(bucket[i] for i in sorted({lo, hi}))
     return out, k
 
