@@ -31,6 +31,8 @@ def test_pick_prefers_forced_then_tuned_then_declared_and_logs_each_pick():
     with recording() as log:
         assert SPACE.pick(n=32, dtype="bf16") == {"B": 8, "num_warps": 2}  # the declared bucket
         with applied(table=table):
+            # n <= 64 is a bucket of its own: the 1024-token winner (nearest) is not applied there
+            assert SPACE.pick(n=32, dtype="bf16") == {"B": 8, "num_warps": 2}
             assert SPACE.pick(n=2000, dtype="bf16")["B"] == 64  # nearest key: 2000 is nearer 1024 than 65536
             assert SPACE.pick(n=40000, dtype="bf16")["B"] == 128
             assert SPACE.pick(n=65536, dtype="bf16")["B"] == 128  # the very key it was tuned at
@@ -38,17 +40,20 @@ def test_pick_prefers_forced_then_tuned_then_declared_and_logs_each_pick():
             with applied({"test._k": {"B": 32, "num_warps": 8}}, table):
                 assert SPACE.pick(n=2000, dtype="bf16")["B"] == 32
     # a key never tuned says so: its config comes from the nearest tuned key
-    assert [p["source"] for p in log] == ["default", "tuned-nearest", "tuned-nearest", "tuned", "default",
+    assert [p["source"] for p in log] == ["default", "default", "tuned-nearest", "tuned-nearest", "tuned", "default",
                                           "candidate"]
-    assert log[1]["key"] == {"n": 2000, "dtype": "bf16"}
-    assert [p["tuned_key"] for p in log] == [None, {"n": 1024, "dtype": "bf16"}, {"n": 65536, "dtype": "bf16"},
+    assert log[2]["key"] == {"n": 2000, "dtype": "bf16"}
+    assert [p["tuned_key"] for p in log] == [None, None, {"n": 1024, "dtype": "bf16"}, {"n": 65536, "dtype": "bf16"},
                                              {"n": 65536, "dtype": "bf16"}, None, None]
     from spark_bench.tune.space import summarize  # what a result records of these picks
 
-    got = summarize(log[1:4])
+    got = summarize(log[2:5])
     assert got["config_source"] == {"test._k": "mixed"} and len(got["config"]["test._k"]) == 2
     assert got["tuned_key"] == {"test._k": [{"n": 1024, "dtype": "bf16"}, {"n": 65536, "dtype": "bf16"}]}
     assert "tuned_key" not in summarize(log[:1])  # no table chose anything
+    bucket_table = _store([("test._k", {"n": 16, "dtype": "bf16"}, {"B": 32, "num_warps": 8}, "t1")])
+    with applied(table=bucket_table):  # a winner inside the bucket does apply across it
+        assert SPACE.pick(n=48, dtype="bf16")["B"] == 32 and SPACE.pick(n=4096, dtype="bf16")["B"] == 16
     assert SPACE.pick(n=2000, dtype="bf16") == {"B": 16, "num_warps": 4}  # nothing leaks out of the contexts
 
 

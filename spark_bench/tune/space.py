@@ -75,7 +75,10 @@ class ConfigSpace:
         config, source, entry_key = _STATE.forced.get(self.kernel), "candidate", None
         if config is None and _STATE.table is not None:
             found = _STATE.table.nearest(self.kernel, key)
-            if found is not None and dict(found[0]["config"]) in self.candidates:  # else stale: renamed, dropped
+            # a stale entry (its config renamed or dropped since) is skipped; so is a nearest one from another
+            # declared bucket: the buckets mark regimes (decode sizes, small heads) a winner elsewhere says nothing of
+            if found is not None and dict(found[0]["config"]) in self.candidates and (
+                    found[1] == 0 or self.declared(**found[0]["key"]) == self.declared(**key)):
                 config, source = found[0]["config"], "tuned" if found[1] == 0 else "tuned-nearest"
                 entry_key = found[0]["key"]
         if config is None:
