@@ -187,7 +187,7 @@ def kept_timers(records: list[dict[str, Any]]) -> dict[str, str]:
     out = {}
     for r in records:
         mode = TIMER_MODES.get(str((r.get("timing") or {}).get("timer")))
-        if mode is not None and not r.get("repeat"):
+        if mode is not None:
             out[r["case_id"]] = mode
     return out
 

@@ -267,3 +267,21 @@ def test_a_candidate_the_budget_left_untimed_in_one_case_of_a_key_is_not_chosen(
     times[1][config_id(FAST)] = ("ok", 5.0)  # resumed with a larger budget: now timed in both
     [(_, entry)] = select(plan, _records(plan, times, rel_ci=0.01))
     assert entry["config"] == FAST and entry["untimed"] == 0
+
+
+def test_a_tuned_table_is_searched_once_per_kernel_and_key():
+    """pick runs on every launch, timed calls included: the table's nearest-key search (a JSON round trip and a
+    scan of the entries) happens once per kernel and key within one applied table, not per launch."""
+    from test_tune import SPACE
+
+    table = _store([("test._k", {"n": 1024, "dtype": "bf16"}, {"B": 64, "num_warps": 8}, "t1")])
+    searched, real = [], table.nearest
+    table.nearest = lambda kernel, key: searched.append(dict(key)) or real(kernel, key)
+    with applied(table=table), recording() as log:
+        for _ in range(5):
+            assert SPACE.pick(n=2000, dtype="bf16")["B"] == 64 and SPACE.pick(n=32, dtype="bf16")["B"] == 8
+    assert len(searched) == 2 and len(log) == 10  # each launch still recorded
+    assert [p["source"] for p in log[:2]] == ["tuned-nearest", "default"]
+    with applied(table=table):  # a new table context searches again
+        SPACE.pick(n=2000, dtype="bf16")
+    assert len(searched) == 3

@@ -162,8 +162,9 @@ def baseline_timer(item: pytest.Item) -> str | None:
     for benchmarks in mapping.values():
         saved = benchmarks.get(item.nodeid) if isinstance(benchmarks, dict) else None
         extra = saved.get("extra_info") if isinstance(saved, dict) else None
-        if isinstance(extra, dict) and TIMER_MODES.get(str(extra.get("timer"))):
-            return TIMER_MODES[str(extra["timer"])]
+        mode = TIMER_MODES.get(str(extra.get("timer"))) if isinstance(extra, dict) else None
+        if mode is not None:
+            return mode
     return None
 
 

@@ -368,7 +368,8 @@ def render(runs: Sequence[RunData], baseline: str = "torch", threshold: float = 
     verdicts = {(ri, id(d.new)): d.verdict for ri, ds in diffs.items() for d in ds if d.new is not None}
     sections = [summary(runs, baseline, colours), problems_section(runs), environment(runs)]
     sections.append(tuned_section(runs, _table, esc))  # `run --tuned`: the tuned config each kernel ran
-    sections.append(timeline_section(runs, data, esc))  # a GPU run's NVML power/clock samples over time
+    timeline = timeline_section(runs, data, esc)  # a GPU run's NVML power/clock samples over time
+    sections.append(timeline)
     if diffs:
         sections.append(comparison(runs, diffs, data, threshold, metric))
     for i, op in enumerate(ops):
@@ -387,7 +388,7 @@ def render(runs: Sequence[RunData], baseline: str = "torch", threshold: float = 
         f'<header class="top"><b>spark-bench</b><span>{esc(", ".join(r.label for r in runs))}</span>'
         f'<a href="#summary">summary</a><a href="#problems">failures</a><a href="#env">environment</a>'
         + ('<a href="#compare">comparison</a>' if diffs else "")
-        + ('<a href="#timeline">power timeline</a>' if 'id="timeline"' in "".join(sections) else "")
+        + ('<a href="#timeline">power timeline</a>' if timeline else "")
         + f'<a href="#cases">all cases</a>{nav}'
         f'<span class="muted" style="margin-left:auto">generated {when}</span></header><main>',
         *sections, "</main>",

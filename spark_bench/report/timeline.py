@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_bench.report.charts import AXIS, ptext
+from spark_bench.report.charts import _layout as chart_layout
 from spark_bench.report.model import RunData
 from spark_bench.telemetry.nvml import CAP_REASONS_MASK, reason_names
 from spark_bench.telemetry.sampler import FILENAME, read_telemetry
@@ -80,7 +81,7 @@ def figure(tele: dict[str, Any], label: str) -> tuple[dict[str, Any] | None, str
                        "yaxis": "y", "text": [ptext(", ".join(_capped(s))) for s in capped],
                        "marker": {"color": COLOURS["cap"], "symbol": "x", "size": 6},
                        "hovertemplate": "%{x:.2f} s: %{text}<extra>cap</extra>"})
-    layout = _layout(label, header)
+    layout = _layout(label)
     limit = header.get("power_limit_w")
     if limit:
         layout["shapes"] = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": limit,
@@ -93,21 +94,18 @@ def figure(tele: dict[str, Any], label: str) -> tuple[dict[str, Any] | None, str
     return {"data": traces, "layout": layout}, caption
 
 
-def _layout(label: str, header: dict[str, Any]) -> dict[str, Any]:
-    def axis(title: str, domain: list[float]) -> dict[str, Any]:
-        return {**AXIS, "title": {"text": ptext(title)}, "domain": domain, "anchor": "x"}
-
-    return {
-        "title": {"text": f"<b>{ptext(label)}</b>: power, SM clock and temperature over the run", "x": 0.01,
-                  "xanchor": "left", "font": {"size": 14}},
-        "xaxis": {**AXIS, "title": {"text": "seconds since the first sample"}, "anchor": "y3"},  # at the bottom
-        "yaxis": axis("W", [0.56, 1.0]), "yaxis2": axis("MHz", [0.29, 0.52]), "yaxis3": axis("°C", [0.0, 0.25]),
-        "height": 540, "margin": {"l": 60, "r": 10, "t": 60, "b": 44}, "hovermode": "closest",
-        "plot_bgcolor": "white", "paper_bgcolor": "white",
-        "legend": {"font": {"size": 11}, "orientation": "h", "x": 1, "xanchor": "right", "y": 1.02,
-                   "yanchor": "bottom"},
-        "font": {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12},
-    }
+def _layout(label: str) -> dict[str, Any]:
+    """The op charts' layout (charts._layout) with three stacked value axes over one time axis at the bottom."""
+    layout = chart_layout(f"{label}: power, SM clock and temperature over the run", "seconds since the first sample",
+                          "W")
+    layout["xaxis"]["anchor"] = "y3"
+    for name, title, domain in (("yaxis", "W", [0.56, 1.0]), ("yaxis2", "MHz", [0.29, 0.52]),
+                                ("yaxis3", "°C", [0.0, 0.25])):
+        layout[name] = {**AXIS, "title": {"text": ptext(title)}, "domain": domain, "anchor": "x"}
+    layout.update(height=540, margin={"l": 60, "r": 10, "t": 60, "b": 44},
+                  legend={"font": {"size": 11}, "orientation": "h", "x": 1, "xanchor": "right", "y": 1.02,
+                          "yanchor": "bottom"})
+    return layout
 
 
 def timeline_section(runs: Sequence[RunData], data: dict[str, Any], esc: Callable[[Any], str]) -> str:

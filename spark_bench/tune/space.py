@@ -74,13 +74,10 @@ class ConfigSpace:
         key = {k: key[k] for k in self.key if k in key} or dict(key)
         config, source, entry_key = _STATE.forced.get(self.kernel), "candidate", None
         if config is None and _STATE.table is not None:
-            found = _STATE.table.nearest(self.kernel, key)
-            # a stale entry (its config renamed or dropped since) is skipped; so is a nearest one from another
-            # declared bucket: the buckets mark regimes (decode sizes, small heads) a winner elsewhere says nothing of
-            if found is not None and dict(found[0]["config"]) in self.candidates and (
-                    found[1] == 0 or self.declared(**found[0]["key"]) == self.declared(**key)):
-                config, source = found[0]["config"], "tuned" if found[1] == 0 else "tuned-nearest"
-                entry_key = found[0]["key"]
+            memo = (self.kernel, repr(sorted(key.items())))  # repr: a key value need not be hashable
+            if memo not in _STATE.tuned:  # once per kernel and key: pick runs on every launch, timed ones included
+                _STATE.tuned[memo] = self._tuned(key)
+            config, source, entry_key = _STATE.tuned[memo]
         if config is None:
             config, source = self.declared(**key), "default"
         config = dict(config)
@@ -88,6 +85,17 @@ class ConfigSpace:
             _STATE.log.append({"kernel": self.kernel, "key": key, "config": config, "source": source,
                                "tuned_key": entry_key})
         return config
+
+    def _tuned(self, key: dict[str, Any]) -> tuple[Any, str, Any]:
+        """(config, source, entry key) the applied table gives at `key`, or (None, "candidate", None). A stale entry
+        (its config renamed or dropped since) is skipped; so is a nearest one from another declared bucket: the
+        buckets mark regimes (decode sizes, few heads) a winner elsewhere says nothing of."""
+        found = _STATE.table.nearest(self.kernel, key)
+        if found is None or dict(found[0]["config"]) not in self.candidates:
+            return None, "candidate", None
+        if found[1] != 0 and self.declared(**found[0]["key"]) != self.declared(**key):
+            return None, "candidate", None
+        return found[0]["config"], "tuned" if found[1] == 0 else "tuned-nearest", found[0]["key"]
 
 
 def stale_entries(table: Any) -> dict[str, int]:
@@ -171,6 +179,7 @@ class _State:
         self.forced: dict[str, Mapping[str, Any]] = {}
         self.table: Any = None  # a TunedStore (.nearest(kernel, key) -> (entry, distance) | None)
         self.log: list[dict[str, Any]] | None = None
+        self.tuned: dict[tuple[str, str], tuple[Any, str, Any]] = {}  # (kernel, key) -> what the table gave there
 
 
 _STATE = _State()
@@ -180,12 +189,12 @@ _STATE = _State()
 def applied(forced: Mapping[str, Mapping[str, Any]] | None = None, table: Any = None) -> Iterator[None]:
     """Within: `pick` returns `forced[kernel]` for those kernels, else the table's nearest entry, else the declared
     choice."""
-    saved = (_STATE.forced, _STATE.table)
-    _STATE.forced, _STATE.table = dict(forced or {}), table
+    saved = (_STATE.forced, _STATE.table, _STATE.tuned)
+    _STATE.forced, _STATE.table, _STATE.tuned = dict(forced or {}), table, {}
     try:
         yield
     finally:
-        _STATE.forced, _STATE.table = saved
+        _STATE.forced, _STATE.table, _STATE.tuned = saved
 
 
 @contextlib.contextmanager
