@@ -1,4 +1,4 @@
-"""Correctness check of a backend's outputs against the op's reference, before any timing.
+"""Correctness check of a backend's outputs against the op's reference, before any timing, and again after it.
 
 Metrics per output: error ratio RMS(out - ref) / RMS(ref) (kda.md's measure), max |out - ref|, cosine similarity.
 Outputs are compared in fp64. A non-finite value where the reference is finite fails the check: together with
@@ -155,6 +155,28 @@ def check_outputs(op: Op, out: Any, ref: Any, inputs: dict[str, Any], dtype: str
         ok, message = False, "; ".join(filter(None, [*problems, message]))
     return {**metrics, "ok": bool(ok), "message": message,
             "tolerance": {"err_ratio": tol.err_ratio, "max_abs": tol.max_abs}}
+
+
+def output_snapshot(op: Op, out: Any, inputs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """A host copy of what `check_outputs` compares (the returned tensors, or an in-place op's declared outputs), for
+    `recheck_outputs`: kept on the host, so the timed calls have the device memory they had without it."""
+    named = flatten_outputs(op.outputs(out, inputs) if op.outputs is not None else out)
+    return [(name, t.detach().to("cpu", copy=True)) for name, t in named]
+
+
+def recheck_outputs(op: Op, out: Any, first: list[tuple[str, torch.Tensor]], ref: Any, inputs: dict[str, Any],
+                    dtype: str, pristine: dict[str, Any], backend: str | None = None) -> dict[str, Any]:
+    """The `recheck` record of a call on the checked inputs after the timing: `identical` when its outputs equal the
+    checked call's bit for bit (NaN equals NaN); otherwise the full check against the reference again, with the
+    outputs that `differ`. Catches a kernel that is right once and wrong on repeated calls (scratch reused without
+    being reset, a race that shows under load), and names one whose bits vary within tolerance (atomics)."""
+    now = output_snapshot(op, out, inputs)
+    differ = [name for (name, a), (_, b) in zip(now, first, strict=False) if not _same(a, b)]
+    if len(now) == len(first) and not differ:
+        return {"identical": True, "ok": True}
+    again = check_outputs(op, out, ref, inputs, dtype, pristine=pristine, backend=backend)
+    return {"identical": False, "ok": again["ok"], "differ": differ, "err_ratio": again.get("err_ratio"),
+            "max_abs": again.get("max_abs"), "message": again["message"]}
 
 
 def clone_inputs(inputs: dict[str, Any]) -> dict[str, Any]:

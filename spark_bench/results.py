@@ -59,7 +59,8 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "extra": (dict, _NONE), "power": (dict, _NONE), "roofline": (dict, _NONE), "duration_s": (*_NUMBER, _NONE),
     "recompiles_during_timing": (int, _NONE), "started": (str, _NONE), "phase": (str, _NONE),
     "worker_log_tail": (str, _NONE), "host": (str, _NONE), "worker": (str, _NONE), "executor": (str, _NONE),
-    "memory": (dict, _NONE), "config": (dict, _NONE), "config_source": (dict, _NONE), "tuned_key": (dict, _NONE),
+    "memory": (dict, _NONE), "recheck": (dict, _NONE),
+    "config": (dict, _NONE), "config_source": (dict, _NONE), "tuned_key": (dict, _NONE),
     "repeat": (int,),  # the n-th re-timing of its case (tune's closing timing of the defaults); absent: the first
     "weights": (str, _NONE),  # the label of the weight file / routing trace the case ran on (older runs: absent)
 }
@@ -77,7 +78,8 @@ _TIMING_NUMBERS = ("mean", "min", "max", "p10", "p90", "iqr", "ci_low", "ci_high
 RECORD_NESTED: dict[str, tuple[type, ...]] = {
     "params.*": (str, *_NUMBER, bool, _NONE), "labels[]": (str,), "timing.median": _NUMBER, "timing.timer": _STR,
     "timing.unit": _STR, **{f"timing.{k}": _NUM for k in _TIMING_NUMBERS}, "timing.samples": (list, _NONE),
-    "timing.samples[]": _NUMBER, "check.ok": (bool, _NONE), "check.message": _STR,
+    "timing.samples[]": _NUMBER, "check.ok": (bool, _NONE), "check.message": _STR, "recheck.ok": (bool, _NONE),
+    "recheck.identical": (bool, _NONE),
     **{f"check.{k}": _NUM for k in ("err_ratio", "max_abs", "cosine")},
     **{f"cost.{k}": _NUM for k in ("flops", "bytes", "tokens")},
     "power.avg_w": _NUM, "power.energy_j_per_call": _NUM, "power.source": _STR,

@@ -2,8 +2,9 @@
 
 Per case: inputs (seeded; cached with the reference output for the next backend of the same point) -> backend setup
 (compile, autotune: timed as setup_s, never in the latency) -> correctness check on poisoned allocations -> timing
-(only when the check passed) -> per-stage timing for composite backends (not for interpreted ones: a breakdown of the
-interpreter's time says nothing of the kernels', and costs about one more call of the whole backend). The worker
+(only when the check passed) -> the checked call again, compared with the first (`recheck`) -> per-stage timing for
+composite backends (not for interpreted ones: a breakdown of the interpreter's time says nothing of the kernels',
+and costs about one more call of the whole backend). The worker
 sends a `phase` message at each step (the runner's per-phase deadline and progress bar use them) and one `result`
 message per case.
 Its stderr goes to a log file whose tail the runner stores with a crash.
@@ -95,7 +96,7 @@ class CaseRunner:
         record: dict[str, Any] = {
             **case.record_fields(), "status": None, "error": None, "labels": [],
             "check": None, "timing": None, "cost": None, "gbps": None, "tflops": None, "stages": None,
-            "extra": {}, "power": None, "roofline": None, "recompiles_during_timing": None,
+            "extra": {}, "power": None, "roofline": None, "recompiles_during_timing": None, "recheck": None,
             "started": started, "worker_pid": os.getpid(),
         }
         memory = _memory_start(case.device)
@@ -119,7 +120,7 @@ class CaseRunner:
         return record
 
     def _run(self, case: Case, cfg: TimingConfig, n_sets: int, record: dict[str, Any]) -> None:
-        from spark_bench.check import check_outputs, clone_inputs, poisoned_allocations
+        from spark_bench.check import check_outputs, clone_inputs, output_snapshot, poisoned_allocations
         from spark_bench.compiled import compile_count
         from spark_bench.timing import for_interpreted, for_stages, measure
         from spark_bench.tune.space import recording, summarize
@@ -151,11 +152,12 @@ class CaseRunner:
         if picks:  # which config each declared kernel ran with, and why (spark_bench/tune/space.py)
             record.update(summarize(picks))
         record["check"] = check_outputs(op, out, ref, check_inputs, case.dtype, pristine=sets[0], backend=case.backend)
-        del out, check_inputs
         if not record["check"]["ok"]:
             record["status"] = "mismatch"
             record["error"] = record["check"]["message"]
             return
+        checked = output_snapshot(op, out, check_inputs)
+        del out, check_inputs
 
         self.phase(case.case_id, "timing")
         timed_sets = [clone_inputs(s) for s in sets]
@@ -176,6 +178,10 @@ class CaseRunner:
         if (record["power"] or {}).get("throttled"):
             record["labels"].append("throttled")
 
+        self.phase(case.case_id, "recheck")
+        if not self._recheck(op, backend, fn, case, sets[0], ref, checked, record):
+            return
+
         if backend.stages is not None and not interpreted:
             self.phase(case.case_id, "stages")
             stage_calls = backend.stages(clone_inputs(sets[0]))
@@ -184,6 +190,28 @@ class CaseRunner:
                                 for name, call in stage_calls]
         record["status"] = "ok"
 
+
+    def _recheck(self, op, backend, fn, case: Case, inputs, ref, checked, record: dict[str, Any]) -> bool:
+        """The checked call once more after the timing and energy calls (`check.recheck_outputs`). Wrong now: the
+        case is a `mismatch` and its numbers are dropped (the median is kept in `recheck.discarded_median_us`);
+        right with other bits: labelled `nondeterministic`. False when the case ends here."""
+        from spark_bench.check import clone_inputs, poisoned_allocations, recheck_outputs
+
+        again = clone_inputs(inputs)
+        with poisoned_allocations(patch_torch=not backend.traced):
+            out = fn(**again)
+            _sync(case.device)
+        record["recheck"] = recheck_outputs(op, out, checked, ref, again, case.dtype, pristine=inputs,
+                                            backend=case.backend)
+        if record["recheck"]["ok"]:
+            if not record["recheck"]["identical"]:
+                record["labels"].append("nondeterministic")
+            return True
+        record["recheck"]["discarded_median_us"] = record["timing"]["median"]
+        record.update(status="mismatch", timing=None, gbps=None, tflops=None, power=None,
+                      error=f"right when checked, wrong on the same inputs after its timing: "
+                            f"{record['recheck']['message']}")
+        return False
 
     def _energy(self, case: Case, calls, timing: dict[str, Any], cost) -> dict[str, Any]:
         """Energy per call from NVML over an amplified window (spark_bench/telemetry/energy.py); null with the

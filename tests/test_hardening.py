@@ -91,6 +91,24 @@ def test_the_check_still_passes_good_backends_and_the_fp64_reference(hostile_reg
         assert rec["status"] == "ok", (backend, rec["error"])
 
 
+def test_the_checked_call_is_repeated_after_the_timing(hostile_registry):
+    """A kernel right on its checked call and wrong on later ones (a scratch never reset) is a mismatch, its numbers
+    dropped; one whose bits change within tolerance is labelled; a deterministic one (an in-place op too) is not."""
+    stale = _run_case(hostile_registry, "hostile.check", "stale_scratch")
+    assert stale["check"]["ok"] and stale["status"] == "mismatch", stale["error"]
+    assert stale["error"].startswith("right when checked, wrong on the same inputs after its timing: output 0: error")
+    assert stale["timing"] is None and stale["gbps"] is None and stale["recheck"]["discarded_median_us"] > 0
+    assert stale["recheck"]["differ"] == ["0"] and not stale["recheck"]["identical"]
+
+    jitter = _run_case(hostile_registry, "hostile.check", "jitters")
+    assert jitter["status"] == "ok" and "nondeterministic" in jitter["labels"], jitter["error"]
+    assert jitter["recheck"]["ok"] and jitter["recheck"]["err_ratio"] < 1e-6 and jitter["timing"]["median"] > 0
+
+    for op, backend in (("hostile.check", "fine"), ("hostile.pool", "fine")):
+        rec = _run_case(hostile_registry, op, backend)
+        assert rec["recheck"] == {"identical": True, "ok": True} and "nondeterministic" not in rec["labels"], op
+
+
 def test_an_empty_output_is_not_a_perfect_match():
     from spark_bench.check import tensor_metrics
 

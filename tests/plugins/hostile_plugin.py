@@ -6,6 +6,7 @@ processes the backends start, so a test can check that none outlives the sweep.
 
 import ctypes
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -115,6 +116,25 @@ def empty_out(x):
 @check.backend("fine")
 def fine(x):
     return 2 * x
+
+
+_SCRATCH: dict = {}
+
+
+@check.backend("stale_scratch")
+def stale_scratch(x):
+    """Right on its first call only: it accumulates into a cached scratch it never zeroes again."""
+    buf = _SCRATCH.setdefault((tuple(x.shape), x.dtype), torch.zeros_like(x))
+    buf.add_(2 * x)
+    return buf.clone()
+
+
+@check.backend("jitters")
+def jitters(x):
+    """Right every time, with other bits each call (as atomics' summation order): each element 0 or 1 ulp up."""
+    y = 2 * x
+    up = torch.tensor([secrets.randbits(1) for _ in range(y.numel())], dtype=torch.bool).view_as(y)
+    return torch.where(up, torch.nextafter(y, torch.full_like(y, float("inf"))), y)
 
 
 # an in-place op on a slot pool (kda decode ops): pool[slots] += x, y = 2 * x; the other slots must not change
