@@ -134,6 +134,8 @@ def fingerprint(device: str, weights: dict[str, Any] | None = None) -> dict[str,
     layer and a content hash of its tensors (spark_bench.weights.describe), so `compare` can tell runs apart."""
     dev = device_info(device)
     versions = {d: _version(d) for d in PEERS}
+    # the build's own spelling: PyPI's CUDA wheels' metadata says "2.11.0" where torch says "2.11.0+cu130"
+    versions["torch"] = torch.__version__
     ident = {k: dev.get(k) for k in ("type", "name", "memory_bytes", "sm_count", "capability", "driver", "cuda")}
     ident.update(torch=versions["torch"], triton=versions["triton"])
     power = power_info(device)
