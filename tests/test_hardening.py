@@ -109,6 +109,15 @@ def test_the_checked_call_is_repeated_after_the_timing(hostile_registry):
         assert rec["recheck"] == {"identical": True, "ok": True} and "nondeterministic" not in rec["labels"], op
 
 
+def test_interpreted_triton_is_not_rechecked():
+    """A CPU run's interpreted kernels skip the repeat (no race can show; it would cost a quarter of the sweep)."""
+    from spark_bench.registry import registry
+
+    rec = _run_case(registry(), "kda.gate", "triton", {"tokens": 5, "heads": 2, "head_dim": 16}, "bf16")
+    assert rec["status"] == "ok" and "interpreted" in rec["labels"], rec["error"]
+    assert rec["recheck"] == {"skipped": "interpreted"}
+
+
 def test_an_empty_output_is_not_a_perfect_match():
     from spark_bench.check import tensor_metrics
 
