@@ -2,6 +2,9 @@
 
 Compilation happens in the backend's setup (its time is recorded as setup_s, never in the latency); the runner
 counts Dynamo frame compilations during the timed region and flags any (`recompiled-in-timing`).
+Setup resets Dynamo first: a worker runs many cases, and Dynamo keeps every compiled shape on the eager function's
+code object for the life of the process; from the 9th shape or dtype (`recompile_limit`, 8) it silently ran the
+function eagerly, and the case was timed and labelled torch_compile. A setup that compiles no graph is an error.
 """
 
 from __future__ import annotations
@@ -42,9 +45,15 @@ def add_torch_compile(op: Op, source: str = "torch", name: str = "torch_compile"
 
     def setup(fn: Callable[..., Any], inputs: dict[str, Any]) -> Callable[..., Any]:
         import torch
+        import torch._dynamo
 
+        torch._dynamo.reset()  # this case's shapes compile afresh, never past the recompile limit
+        before = compile_count()
         compiled = torch.compile(eager.fn, **options)
         compiled(**inputs)  # compile now, in setup, not in the first timed call
+        if compile_count() == before:
+            raise RuntimeError(f"torch.compile compiled no graph for {op.name}/{source} in setup: Dynamo ran it "
+                               "eagerly (a recompile limit or a skipped frame); the time would be eager's")
         return compiled
 
     def not_set_up(**inputs: Any) -> Any:
