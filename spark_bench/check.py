@@ -44,9 +44,16 @@ def tensor_metrics(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
     if bad.any():
         return {"error": f"{int(bad.sum())} of {o.numel()} values are NaN/inf where the reference is finite "
                          "(unwritten output or overflow)", "nonfinite": int(bad.sum())}
+    finite = torch.isfinite(r)
+    # where the reference itself is NaN or +-inf (a masked logit, a log of 0) the output must be that same value:
+    # those positions leave the error ratio, so a poisoned NaN, an inf of the other sign or any number there
+    # would pass unseen
+    unlike = ~finite & ~((torch.isnan(o) & torch.isnan(r)) | (o == r))
+    if unlike.any():
+        return {"error": f"{int(unlike.sum())} of {o.numel()} values differ where the reference is NaN/inf "
+                         "(unwritten output, or a masked value computed)", "nonfinite": int(unlike.sum())}
     if o.numel() == 0:  # nothing was compared: an empty output is not a perfect match
         return {"error": f"output is empty (shape {tuple(out.shape)}): nothing to check"}
-    finite = torch.isfinite(r)
     o, r = o[finite], r[finite]
     diff = o - r
     rms_ref = float(r.pow(2).mean().sqrt())

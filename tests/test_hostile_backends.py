@@ -1,6 +1,8 @@
 """The reference check and its repeat after the timing against hostile backends (tests/plugins/hostile_plugin.py):
 what values alone pass, slots an in-place op must not touch, a kernel wrong only on later calls."""
 
+import math
+
 import pytest
 import torch
 
@@ -91,6 +93,20 @@ def test_an_empty_output_is_not_a_perfect_match():
 
     m = tensor_metrics(torch.empty(0, 4), torch.empty(0, 4, dtype=torch.float64))
     assert "empty" in m["error"]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 123.0])
+def test_where_the_reference_is_not_finite_the_output_must_match_it(value):
+    """A poisoned (unwritten) NaN, the wrong infinity or a number where the reference has -inf is wrong; the same
+    -inf, and NaN where the reference is NaN, are right."""
+    from spark_bench.check import tensor_metrics
+
+    ref = torch.tensor([1.0, 2.0, -math.inf, 4.0, math.nan], dtype=torch.float64)
+    out = torch.tensor([1.0, 2.0, value, 4.0, math.nan])
+    assert "differ where the reference is NaN/inf" in tensor_metrics(out, ref)["error"]
+    good = tensor_metrics(torch.tensor([1.0, 2.0, -math.inf, 4.0, math.nan]), ref)
+    assert good["err_ratio"] == 0.0 and "error" not in good
+    assert "differ" in tensor_metrics(torch.tensor([1.0, 2.0, -math.inf, 4.0, 5.0]), ref)["error"]
 
 
 def test_peak_memory_is_recorded_per_case(hostile_registry):
