@@ -48,6 +48,9 @@ def test_slots_an_in_place_op_must_not_touch_are_checked_bitwise(hostile_registr
     assert "pool: 1 of the 6 slots the call must not touch changed" in bad["error"]
     for backend in ("fine", "reference"):
         assert _run_case(hostile_registry, "hostile.pool", backend)["status"] == "ok", backend
+    scaled = _run_case(hostile_registry, "hostile.pool", "scales_x")  # pool is declared in place; x is not
+    assert scaled["status"] == "mismatch" and "input x was modified in place" in scaled["error"], scaled["error"]
+    assert "input pool" not in scaled["error"]
     from spark_bench.check import changed_rows, untouched_slots
 
     full = {"pool": torch.randn(4, 2, 3), "slots": torch.tensor([3, 0, 2, 1])}  # every slot is the call's

@@ -171,6 +171,15 @@ def pool_scribbles(x, pool, slots):
     return 2 * x
 
 
+@pool.backend("scales_x")
+def pool_scales_x(x, pool, slots):
+    """Right pool and output, and x (read-only) scaled in place: every later timed call runs on other data."""
+    pool[slots] += x
+    y = 2 * x
+    x.mul_(0.5)
+    return y
+
+
 # --- item 4: plugin code the parent needs (probes, constraints) -------------------------------------------------
 def _raising_constraint(p):
     if p["rows"] == 17:
