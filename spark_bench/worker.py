@@ -255,7 +255,7 @@ def _memory_start(device: str) -> int:
         import torch
 
         try:
-            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.reset_peak_memory_stats(torch.device(device))  # the case's GPU, current or not
         except RuntimeError:
             pass
     return _rss_peak_bytes()
@@ -271,7 +271,7 @@ def _memory_end(device: str, rss_peak_before: int) -> dict[str, Any]:
         import torch
 
         try:
-            out["device_peak_bytes"] = int(torch.cuda.max_memory_allocated())
+            out["device_peak_bytes"] = int(torch.cuda.max_memory_allocated(torch.device(device)))
         except RuntimeError:  # a poisoned context: the case's error says why
             pass
     return out

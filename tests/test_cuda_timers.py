@@ -29,6 +29,7 @@ class FakeDevice:
         self.recorded_on: set[int] = set()  # the current device whenever an event was recorded
         self.replays = 0
         self.replay_jitter = lambda i: 0.0  # extra us of the i-th graph replay (noise a real GPU has)
+        self.upload_us = 0.0  # extra us of each graph's first replay
 
     def kernel(self, us: float, fail_in_capture: bool = False):
         def launch() -> None:
@@ -62,8 +63,11 @@ class FakeDevice:
         class CUDAGraph:
             def __init__(self) -> None:
                 self.kernels: list[float] = []
+                self.replayed = False
 
             def replay(self) -> None:
+                device.clock_us += device.upload_us * (not self.replayed)  # a graph's first replay uploads it
+                self.replayed = True
                 device.clock_us += sum(self.kernels) + device.replay_jitter(device.replays)
                 device.replays += 1
                 device.launched += len(self.kernels)
@@ -148,6 +152,22 @@ def test_a_call_lost_in_the_flushs_noise_is_clamped_and_counted(gpu):
     assert rec["notes"] == ["10 of 20 samples were within the flush's noise and stored as 0"]
 
 
+def test_both_graphs_are_warmed_before_the_samples(gpu):
+    """The flush graph's first replay (its upload) was inside the first sample's subtracted flush: clamped to 0."""
+    gpu.upload_us = 5000.0
+    cfg = dataclasses.replace(CFG, warmup_s=1e-6)  # a warm-up of one replay
+    rec = timing.time_cuda_graph([gpu.kernel(2.0)], cfg, "cuda:0", estimate_us=2.0)
+    assert rec["clamped_samples"] == 0 and rec["min"] == pytest.approx(2.0) and rec["max"] == pytest.approx(2.0)
+
+
+def test_the_subtracted_flush_is_the_true_median(gpu):
+    """An even number of flush replays: the median is the mean of the middle two (torch's median is the lower)."""
+    gpu.replay_jitter = lambda i: 0.0 if i % 2 == 0 else 100.0 * ((i // 2) % 2)  # flushes alternate +0 / +100 us
+    cfg = dataclasses.replace(CFG, min_samples=20, max_samples=20)
+    rec = timing.time_cuda_graph([gpu.kernel(200.0)], cfg, "cuda:0", estimate_us=200.0)
+    assert rec["flush_us_per_call_subtracted"] == pytest.approx(40.0 + 50.0 / rec["calls_per_sample"])
+
+
 def test_graph_of_rotating_sets_times_their_mean(gpu):
     rec = timing.time_cuda_graph([gpu.kernel(1.0), gpu.kernel(3.0)], CFG, "cuda:0", estimate_us=2.0)
     assert rec["calls_per_sample"] % 2 == 0 and rec["median"] == pytest.approx(2.0)
@@ -178,5 +198,18 @@ def test_forced_modes_and_the_sample_cap(gpu):
     cfg = dataclasses.replace(CFG, mode="events", max_samples=32, target_rel_ci=0.0)  # never converges
     rec = timing.measure([gpu.kernel(5.0)], "cuda:0", cfg)
     assert rec["timer"] == "cuda-event" and rec["stop_reason"] == "max_samples" and rec["n"] == 32
+    rec = timing.measure([gpu.kernel(5.0)], "cuda:0", dataclasses.replace(cfg, max_samples=17))  # not a batch
+    assert rec["stop_reason"] == "max_samples" and rec["n"] == 17
     rec = timing.measure([gpu.kernel(500.0)], "cuda:0", dataclasses.replace(CFG, mode="graph"))
     assert rec["timer"] == "cuda-graph" and rec["median"] == pytest.approx(500.0)
+
+
+def test_a_cases_device_memory_is_read_on_its_own_gpu(monkeypatch):
+    """In process (pytest --spark-device cuda:1) another GPU may be current: the peak is reset and read on cuda:1."""
+    from spark_bench import worker
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: asked.append(("reset", device)))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: asked.append(("read", device)) or 7)
+    assert worker._memory_end("cuda:1", worker._memory_start("cuda:1"))["device_peak_bytes"] == 7
+    assert asked == [("reset", torch.device("cuda:1")), ("read", torch.device("cuda:1"))]
