@@ -56,14 +56,13 @@ class CaseRunner:
         self.reg = reg
         self.phase = phase
         self._cache: tuple[str, list[dict[str, Any]], Any, dict[str, Any]] | None = None
+        self._refs: dict[int, Any] = {}  # the references of the point's rotated input sets, built when first checked
         self._tuned: tuple[dict[str, Any], Any] | None = None
 
     def _inputs(self, op, case: Case, n_sets: int):
-        from spark_bench.check import clone_inputs
-
         if self._cache is not None and self._cache[0] == case.group:
             return self._cache[1:]
-        self._cache = None
+        self._cache, self._refs = None, {}
         self.phase(case.case_id, "inputs")
         seed = case.input_seed()
         inputs = op.make_inputs(case.params, device=case.device, dtype=case.dtype, seed=seed)
@@ -73,10 +72,7 @@ class CaseRunner:
             other = draw(case.params, device=case.device, dtype=case.dtype, seed=seed + i)
             sets.append({**inputs, **{k: other[k] for k in op.rotate}})
         self.phase(case.case_id, "reference")
-        ref_inputs = clone_inputs(inputs)
-        ref = op.reference(**ref_inputs)
-        if op.outputs is not None:
-            ref = op.outputs(ref, ref_inputs)
+        ref = _reference(op, inputs)
         extra = op.extra_info(inputs, case.params) if op.extra_info else {}
         self._cache = (case.group, sets, ref, extra)
         return sets, ref, extra
@@ -158,6 +154,10 @@ class CaseRunner:
             return
         checked = None if interpreted else output_snapshot(op, out, check_inputs)  # what the recheck compares with
         del out, check_inputs
+        if interpreted and len(sets) > 1:
+            record["check"]["input_sets"] = {"checked": 1, "skipped": "interpreted"}
+        elif not self._check_rotated(op, backend, fn, case, sets, record):
+            return
 
         self.phase(case.case_id, "timing")
         timed_sets = [clone_inputs(s) for s in sets]
@@ -193,6 +193,32 @@ class CaseRunner:
                                 for name, call in stage_calls]
         record["status"] = "ok"
 
+
+    def _check_rotated(self, op, backend, fn, case: Case, sets, record: dict[str, Any]) -> bool:
+        """The other input sets the timing rotates through (another routing, other decode rows) checked against their
+        own references, as set 0 was: a kernel wrong for one routing is timed on it otherwise. Not for interpreted
+        Triton (a CPU run's kernel tests cover routings; each call there costs seconds). False when the case ends."""
+        from spark_bench.check import check_outputs, clone_inputs, poisoned_allocations
+
+        for i, inputs in enumerate(sets[1:], start=1):
+            if i not in self._refs:
+                self.phase(case.case_id, "reference")
+                self._refs[i] = _reference(op, inputs)
+            self.phase(case.case_id, "check")
+            call_inputs = clone_inputs(inputs)
+            with poisoned_allocations(patch_torch=not backend.traced):
+                out = fn(**call_inputs)
+                _sync(case.device)
+            result = check_outputs(op, out, self._refs[i], call_inputs, case.dtype, pristine=inputs,
+                                   backend=case.backend)
+            del out, call_inputs
+            if not result["ok"]:
+                record["check"]["input_sets"] = {"checked": i + 1, "failed": i, "err_ratio": result.get("err_ratio")}
+                record.update(status="mismatch", error=f"right on input set 0, wrong on input set {i} of {len(sets)} "
+                                                       f"(rotated: {', '.join(op.rotate)}): {result['message']}")
+                return False
+        record["check"]["input_sets"] = {"checked": len(sets)}
+        return True
 
     def _recheck(self, op, backend, fn, case: Case, inputs, ref, checked, record: dict[str, Any]) -> bool:
         """The checked call once more after the timing and energy calls (`check.recheck_outputs`). Wrong now: the
@@ -248,6 +274,15 @@ def _rss_peak_bytes() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def _reference(op, inputs: dict[str, Any]) -> Any:
+    """The op's reference outputs on a copy of `inputs` (an in-place op's declared outputs taken from that copy)."""
+    from spark_bench.check import clone_inputs
+
+    ref_inputs = clone_inputs(inputs)
+    ref = op.reference(**ref_inputs)
+    return op.outputs(ref, ref_inputs) if op.outputs is not None else ref
 
 
 def _memory_start(device: str) -> int:

@@ -27,7 +27,7 @@ def _run_case(reg, op, backend, params=None, dtype="fp32"):
     from spark_bench.worker import CaseRunner
 
     case = Case(op, backend, params or {"rows": 3, "cols": 5}, dtype, "cpu", 0)
-    return CaseRunner(reg).run(case, TimingConfig.quick())
+    return CaseRunner(reg).run(case, TimingConfig.quick(), n_sets=4)
 
 
 @pytest.mark.parametrize("backend, needle", [
@@ -80,6 +80,17 @@ def test_the_checked_call_is_repeated_after_the_timing(hostile_registry):
     for op, backend in (("hostile.check", "fine"), ("hostile.pool", "fine")):
         rec = _run_case(hostile_registry, op, backend)
         assert rec["recheck"] == {"identical": True, "ok": True} and "nondeterministic" not in rec["labels"], op
+
+
+def test_every_rotated_input_set_is_checked_before_the_timing(hostile_registry):
+    """The timing rotates through n input sets (routings); a backend right on set 0 only is a mismatch, untimed."""
+    bad = _run_case(hostile_registry, "hostile.rotating", "clips")
+    assert bad["status"] == "mismatch" and bad["timing"] is None, bad["error"]
+    assert bad["error"].startswith("right on input set 0, wrong on input set 1 of 4 (rotated: x): output 0: error")
+    assert bad["check"]["input_sets"]["failed"] == 1
+    good = _run_case(hostile_registry, "hostile.rotating", "fine")
+    assert good["status"] == "ok" and good["check"]["input_sets"] == {"checked": 4}, good["error"]
+    assert good["timing"]["input_sets"] == 4
 
 
 def test_interpreted_triton_is_not_rechecked():

@@ -137,6 +137,25 @@ def jitters(x):
     return torch.where(up, torch.nextafter(y, torch.full_like(y, float("inf"))), y)
 
 
+# rotated inputs (a routing per input set, as moe.experts): the redrawn sets have large values
+def _large(p, *, device, dtype, seed):
+    return {"x": 100.0 + make_inputs(p, device=device, dtype=dtype, seed=seed)["x"]}
+
+
+rotating = _op("hostile.rotating", rows=(3,), rotate=("x",), redraw=_large)
+
+
+@rotating.backend("fine")
+def rotating_fine(x):
+    return 2 * x
+
+
+@rotating.backend("clips")
+def rotating_clips(x):
+    """Right on set 0 (values near 0), wrong on the redrawn sets: the timing rotates through all of them."""
+    return 2 * x.clamp(max=50.0)
+
+
 # an in-place op on a slot pool (kda decode ops): pool[slots] += x, y = 2 * x; the other slots must not change
 def _pool_inputs(p, *, device, dtype, seed):
     gen = generator(device, seed)
