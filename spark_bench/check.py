@@ -40,11 +40,11 @@ def tensor_metrics(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
         return {"error": f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"}
     o = out.detach().to("cpu", torch.float64)
     r = ref.detach().to("cpu", torch.float64)
-    bad = (~torch.isfinite(o)) & torch.isfinite(r)
+    finite = torch.isfinite(r)
+    bad = ~torch.isfinite(o) & finite
     if bad.any():
         return {"error": f"{int(bad.sum())} of {o.numel()} values are NaN/inf where the reference is finite "
                          "(unwritten output or overflow)", "nonfinite": int(bad.sum())}
-    finite = torch.isfinite(r)
     # where the reference itself is NaN or +-inf (a masked logit, a log of 0) the output must be that same value:
     # those positions leave the error ratio, so a poisoned NaN, an inf of the other sign or any number there
     # would pass unseen

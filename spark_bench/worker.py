@@ -116,7 +116,7 @@ class CaseRunner:
         return record
 
     def _run(self, case: Case, cfg: TimingConfig, n_sets: int, record: dict[str, Any]) -> None:
-        from spark_bench.check import check_outputs, clone_inputs, output_snapshot, poisoned_allocations
+        from spark_bench.check import check_outputs, clone_inputs, output_snapshot
         from spark_bench.compiled import compile_count
         from spark_bench.timing import for_interpreted, for_stages, measure
         from spark_bench.tune.space import recording, summarize
@@ -141,10 +141,8 @@ class CaseRunner:
         setup_s = time.perf_counter() - s0
 
         self.phase(case.case_id, "check")
-        check_inputs = clone_inputs(sets[0])
-        with poisoned_allocations(patch_torch=not backend.traced), recording() as picks:
-            out = fn(**check_inputs)
-            _sync(case.device)
+        with recording() as picks:
+            out, check_inputs = _poisoned_call(backend, fn, case, sets[0])
         if picks:  # which config each declared kernel ran with, and why (spark_bench/tune/space.py)
             record.update(summarize(picks))
         record["check"] = check_outputs(op, out, ref, check_inputs, case.dtype, pristine=sets[0], backend=case.backend)
@@ -193,22 +191,18 @@ class CaseRunner:
                                 for name, call in stage_calls]
         record["status"] = "ok"
 
-
     def _check_rotated(self, op, backend, fn, case: Case, sets, record: dict[str, Any]) -> bool:
         """The other input sets the timing rotates through (another routing, other decode rows) checked against their
         own references, as set 0 was: a kernel wrong for one routing is timed on it otherwise. Not for interpreted
         Triton (a CPU run's kernel tests cover routings; each call there costs seconds). False when the case ends."""
-        from spark_bench.check import check_outputs, clone_inputs, poisoned_allocations
+        from spark_bench.check import check_outputs
 
         for i, inputs in enumerate(sets[1:], start=1):
             if i not in self._refs:
                 self.phase(case.case_id, "reference")
                 self._refs[i] = _reference(op, inputs)
             self.phase(case.case_id, "check")
-            call_inputs = clone_inputs(inputs)
-            with poisoned_allocations(patch_torch=not backend.traced):
-                out = fn(**call_inputs)
-                _sync(case.device)
+            out, call_inputs = _poisoned_call(backend, fn, case, inputs)
             result = check_outputs(op, out, self._refs[i], call_inputs, case.dtype, pristine=inputs,
                                    backend=case.backend)
             del out, call_inputs
@@ -224,12 +218,9 @@ class CaseRunner:
         """The checked call once more after the timing and energy calls (`check.recheck_outputs`). Wrong now: the
         case is a `mismatch` and its numbers are dropped (the median is kept in `recheck.discarded_median_us`);
         right with other bits: labelled `nondeterministic`. False when the case ends here."""
-        from spark_bench.check import clone_inputs, poisoned_allocations, recheck_outputs
+        from spark_bench.check import recheck_outputs
 
-        again = clone_inputs(inputs)
-        with poisoned_allocations(patch_torch=not backend.traced):
-            out = fn(**again)
-            _sync(case.device)
+        out, again = _poisoned_call(backend, fn, case, inputs)
         record["recheck"] = recheck_outputs(op, out, checked, ref, again, case.dtype, pristine=inputs,
                                             backend=case.backend)
         if record["recheck"]["ok"]:
@@ -274,6 +265,18 @@ def _rss_peak_bytes() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def _poisoned_call(backend, fn, case: Case, inputs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(outputs, the inputs it ran on) of one checked call: on a fresh copy of `inputs`, with new allocations
+    poisoned (NaN) so unwritten elements show, synchronised."""
+    from spark_bench.check import clone_inputs, poisoned_allocations
+
+    call_inputs = clone_inputs(inputs)
+    with poisoned_allocations(patch_torch=not backend.traced):
+        out = fn(**call_inputs)
+        _sync(case.device)
+    return out, call_inputs
 
 
 def _reference(op, inputs: dict[str, Any]) -> Any:
