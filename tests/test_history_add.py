@@ -1,15 +1,19 @@
 """`history add` of a directory of runs skips a damaged run with a warning and adds the others (exit 1); a damaged run
-named itself stays an error (exit 2)."""
+named itself stays an error (exit 2). Another run reusing a run id (the same `--out` basename) is kept beside the
+first, never in its place; the same run resumed replaces its copy."""
 
 from __future__ import annotations
 
+import datetime as dt
+import shutil
 import sqlite3
 
 import pytest
 from conftest import run_cli
 
 from spark_bench.history import synthetic
-from spark_bench.history.store import HistoryError, add_runs
+from spark_bench.history.ingest import add_runs
+from spark_bench.history.store import HistoryError
 
 
 def _damage(run_dir) -> None:
@@ -63,3 +67,63 @@ def test_a_damaged_run_named_itself_is_an_error(tmp_path, runs):
     code, out, err = run_cli("history", "add", runs[0], runs[2], "--db", db)
     assert code == 2 and err.startswith("spark-bench: error: ") and "malformed line" in err
     assert "Traceback" not in err and _run_ids(db) == []
+
+
+def _one_run(path, created, fingerprint_id="fp-h200", median=50.0):
+    case = synthetic.SynthCase("kda.gate", "triton", {"tokens": 4096, "heads": 4}, median)
+    rec = synthetic.record(case, synthetic.draw(__import__("numpy").random.default_rng(0), median, 20, 0.01))
+    if path.exists():
+        shutil.rmtree(path)  # what a nightly job does to its --out before the next run
+    return synthetic.write_run(path, [rec], run_id=path.name, commit=None, created=created,
+                               fingerprint_id=fingerprint_id)
+
+
+def _medians(db) -> dict[str, float]:
+    con = sqlite3.connect(db)
+    try:
+        return dict(con.execute("SELECT r.run_id, x.median FROM runs r JOIN results x ON x.run_ref = r.id"))
+    finally:
+        con.close()
+
+
+def test_another_run_reusing_an_id_is_kept_beside_the_first(tmp_path):
+    db, nightly = tmp_path / "h.db", tmp_path / "nightly"
+    day = dt.datetime(2026, 12, 1, 2, 0, tzinfo=dt.timezone.utc)
+    _one_run(nightly, day, median=50.0)
+    assert add_runs(db, [nightly]) == {"added": 1, "replaced": 0, "unchanged": 0}
+    _one_run(nightly, day + dt.timedelta(days=1), median=60.0)  # the next night, same directory
+    code, out, err = run_cli("history", "add", nightly, "--db", db)
+    assert code == 0, err
+    assert out.splitlines()[0].split()[:2] == ["added", "nightly@20261202T020000"]
+    _one_run(tmp_path / "other" / "nightly", day, fingerprint_id="fp-a100", median=70.0)  # another machine's
+    assert add_runs(db, [tmp_path / "other" / "nightly"])["added"] == 1
+    assert _medians(db) == pytest.approx({"nightly": 50.0, "nightly@20261202T020000": 60.0,
+                                          "nightly@20261201T020000": 70.0}, rel=0.05)
+    assert add_runs(db, [nightly, tmp_path / "other" / "nightly"]) == {"added": 0, "replaced": 0, "unchanged": 2}
+    code, out, _ = run_cli("history", "show", "nightly@20261202", "--db", db)
+    assert code == 0 and "nightly" in out
+
+
+def test_the_same_run_resumed_replaces_its_copy_under_its_stored_id(tmp_path):
+    from spark_bench.results import RunStore
+
+    db, nightly = tmp_path / "h.db", tmp_path / "nightly"
+    day = dt.datetime(2026, 12, 1, 2, 0, tzinfo=dt.timezone.utc)
+    _one_run(nightly, day)
+    add_runs(db, [nightly])
+    _one_run(nightly, day + dt.timedelta(days=1))
+    add_runs(db, [nightly])
+    extra = synthetic.record(synthetic.SynthCase("moe.router", "triton", {"tokens": 64}, 9.0), None,
+                             status="mismatch", error="outputs differ")
+    RunStore(nightly).append(extra)  # the second night's run, resumed
+    seen = []
+    assert add_runs(db, [nightly], on_run=lambda path, run_id, outcome: seen.append((run_id, outcome))) == \
+        {"added": 0, "replaced": 1, "unchanged": 0}
+    assert seen == [("nightly@20261202T020000", "replaced")]
+    con = sqlite3.connect(db)
+    try:
+        per_run = dict(con.execute("SELECT r.run_id, COUNT(*) FROM runs r JOIN results x ON x.run_ref = r.id "
+                                   "GROUP BY r.id"))
+    finally:
+        con.close()
+    assert per_run == {"nightly": 1, "nightly@20261202T020000": 2}

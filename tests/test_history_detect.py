@@ -12,7 +12,7 @@ import pytest
 from conftest import run_cli
 
 from spark_bench.history import detect, synthetic
-from spark_bench.history.store import add_runs
+from spark_bench.history.ingest import add_runs
 
 STEP_CASE, STEP_AT, FACTOR = 3, 17, 1.15  # kda.gate torch tokens=256, 15% slower from the 18th commit on
 

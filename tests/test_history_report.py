@@ -14,7 +14,7 @@ from conftest import run_cli
 from test_report_browser import PAYLOAD, PLOTS, browser  # noqa: E402, F401  (the module's Chromium fixture)
 
 from spark_bench.history import synthetic  # noqa: E402
-from spark_bench.history.store import add_runs  # noqa: E402
+from spark_bench.history.ingest import add_runs  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,9 @@ import zlib
 import pytest
 from conftest import run_cli
 
-from spark_bench.history import store, synthetic
-from spark_bench.history.store import HistoryError, add_runs, connect
+from spark_bench.history import ingest, store, synthetic
+from spark_bench.history.ingest import add_runs
+from spark_bench.history.store import HistoryError, connect
 
 
 def history_cmd(*args):
@@ -149,14 +150,14 @@ def test_failed_ingest_rolls_back_the_whole_run(tmp_path, small_history, monkeyp
     add_runs(db, small_history[:2])
     before = dump(db)
     calls = {"n": 0}
-    real = store.Ingest._case_ids
+    real = ingest.Ingest._case_ids
 
     def dies_midway(self, keys):
         real(self, keys)  # the run row and new cases are written by now
         calls["n"] += 1
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(store.Ingest, "_case_ids", dies_midway)
+    monkeypatch.setattr(ingest.Ingest, "_case_ids", dies_midway)
     with pytest.raises(RuntimeError):
         add_runs(db, small_history[2:3])
     assert calls["n"] == 1 and dump(db) == before

@@ -5,6 +5,7 @@
     `spark-bench history add|list|show|trend|check|report|prune`  the command group (spark_bench.history.cli)
 """
 
-from spark_bench.history.store import DEFAULT_DB, SCHEMA_VERSION, HistoryError, add_runs, connect
+from spark_bench.history.ingest import add_runs
+from spark_bench.history.store import DEFAULT_DB, SCHEMA_VERSION, HistoryError, connect
 
 __all__ = ["DEFAULT_DB", "SCHEMA_VERSION", "HistoryError", "add_runs", "connect"]

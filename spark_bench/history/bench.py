@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from spark_bench.history import detect, query, synthetic
-from spark_bench.history.store import add_runs, connect
+from spark_bench.history.ingest import add_runs
+from spark_bench.history.store import connect
 
 
 def _cases(n: int) -> list[synthetic.SynthCase]:

@@ -17,7 +17,8 @@ from rich.markup import escape
 
 from spark_bench.history import detect, gitinfo, query
 from spark_bench.history.gate import parse_age, regressions
-from spark_bench.history.store import DEFAULT_DB, HistoryError, add_runs, connect
+from spark_bench.history.ingest import add_runs
+from spark_bench.history.store import DEFAULT_DB, HistoryError, connect
 from spark_bench.options import SparkGroup
 
 db_option = click.option("--db", type=click.Path(path_type=Path), default=DEFAULT_DB, show_default=True,
@@ -103,7 +104,8 @@ def history() -> None:
 def add_cmd(run_dirs: tuple[Path, ...], db: Path, branch: str | None, repo: Path | None, jobs: int | None,
             quiet: bool) -> None:
     """Ingest RUN_DIR... (run directories, or directories of runs such as results/) into the database. Adding a run
-    again changes nothing; a run whose files changed since (resumed) replaces its earlier copy.
+    again changes nothing; a run whose files changed since (resumed) replaces its earlier copy. Another run with an
+    id already stored (the same --out name, e.g. a nightly directory) is kept beside it as ID@<created>.
 
     A damaged run (an unreadable or malformed file) found in a directory of runs is skipped with a warning and the
     others are added: exit 1. A damaged run named on the command line stops the ingest: exit 2."""
