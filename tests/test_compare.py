@@ -174,7 +174,7 @@ def test_rerun_of_same_build_exits_0(tmp_path):
     res = invoke(a, b)
     assert res.exit_code == 0, res.output
     tally = res.output.strip().splitlines()[-1]
-    assert "matched cases" in tally and "slower" not in tally and "REGRESSED" not in res.output
+    assert " in both runs: " in tally and "slower" not in tally and "REGRESSED" not in res.output
 
 
 def test_injected_regression_exits_1_and_lists_it(tmp_path):
@@ -214,6 +214,36 @@ def test_different_device_is_refused_unless_allowed(tmp_path):
     assert res.exit_code == 2
     assert len(res.output.strip().splitlines()) == 1 and "--allow-different-device" in res.output
     assert invoke(a, b, "--allow-different-device").exit_code == 0
+
+
+def test_runs_with_no_case_in_common_are_a_usage_error_naming_their_ops(tmp_path):
+    rng = np.random.default_rng(0)
+    a = fx.write_run(tmp_path / "a", [fx.case("kda.gate", "triton", {"tokens": t}, samples=fx.draw(rng, 5.0))
+                                      for t in (1, 17)])
+    b = fx.write_run(tmp_path / "b", [fx.case("moe.router", "triton", {"tokens": 17}, samples=fx.draw(rng, 5.0))],
+                     run_id="run-b")
+    res = invoke(a, b)
+    assert res.exit_code == 2 and "REGRESSED" not in res.output
+    (line,) = res.output.strip().splitlines()
+    assert "no case in common" in line and "kda.gate" in line and "moe.router" in line
+    c = fx.write_run(tmp_path / "c", [fx.case("kda.gate", "triton", {"tokens": 1}, samples=fx.draw(rng, 5.0))],
+                     run_id="run-c")  # one case in common: compared, and the other is missing
+    res = invoke(a, c)
+    assert res.exit_code == 1 and "2 cases, 1 in both runs: 1 missing, 1 same" in res.output
+
+
+def test_report_across_devices_warns_on_stderr(tmp_path):
+    from spark_bench.report.cli import report
+
+    a = fx.standard_run(tmp_path / "a", seed=0)
+    b = fx.standard_run(tmp_path / "b", seed=1, run_id="run-b", fingerprint_id="fp-b200",
+                        device={**fx.H200, "name": "NVIDIA B200"})
+    res = CliRunner().invoke(report, [str(a), str(b), "-o", str(tmp_path / "r.html")], catch_exceptions=False)
+    assert res.exit_code == 0
+    (warning,) = [line for line in res.stderr.splitlines() if line.startswith("warning:")]
+    assert f"{b} was measured on another machine than {a}" in warning and "NVIDIA B200" in warning
+    same = CliRunner().invoke(report, [str(a), str(a), "-o", str(tmp_path / "s.html")], catch_exceptions=False)
+    assert same.exit_code == 0 and "warning" not in same.stderr
 
 
 @pytest.mark.parametrize("breakage", ["missing", "not_json", "bad_line", "other_schema"])

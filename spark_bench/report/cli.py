@@ -11,6 +11,7 @@ from spark_bench.report import write_report
 from spark_bench.report.compare import (
     METRICS,
     CompareError,
+    check_common_cases,
     check_same_device,
     check_same_weights,
     compare_runs,
@@ -46,7 +47,8 @@ def report(run_dirs: tuple[Path, ...], output: Path, baseline: str, ops: tuple[s
             have = sorted({r["backend"] for d in run_dirs for r in load_run(d)[1]})
             if baseline not in have:
                 _fail("report", f"unknown --baseline {baseline!r}; the runs have: {', '.join(have) or '(none)'}")
-        path = write_report(run_dirs, output, baseline=baseline, ops=ops, backends=backends)
+        path = write_report(run_dirs, output, baseline=baseline, ops=ops, backends=backends,
+                            warn=lambda text: click.echo(f"warning: {' '.join(text.split())}", err=True))
     except (ResultsError, OSError) as exc:
         _fail("report", str(exc))
     click.echo(str(path))
@@ -92,6 +94,7 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
         if not allow_different_weights:
             check_same_weights(base, new)
         diffs = compare_runs(base, new, thr, metric)
+        check_common_cases(base, new, diffs)
     except (ResultsError, CompareError, OSError) as exc:
         _fail("compare", str(exc))
     from spark_bench.console import console as terminal  # one width for every command's tables

@@ -219,13 +219,21 @@ def parse_threshold(text: str | float) -> float:
     return v
 
 
-def check_same_device(base: RunData, new: RunData) -> None:
+def device_difference(base: RunData, new: RunData) -> str | None:
+    """'H200 [fp-a] vs A100 [fp-b]: device.name ...' when the runs' device fingerprints differ, else None."""
     a, b = base.fingerprint.get("fingerprint_id"), new.fingerprint.get("fingerprint_id")
-    if a != b:
-        from spark_bench.fingerprint import stack_difference
+    if a == b:
+        return None
+    from spark_bench.fingerprint import stack_difference
 
-        raise CompareError(f"runs were measured on different device fingerprints ({base.device_name} [{a}] vs "
-                           f"{new.device_name} [{b}]: {stack_difference(base.fingerprint, new.fingerprint)}); "
+    return (f"{base.device_name} [{a}] vs {new.device_name} [{b}]: "
+            f"{stack_difference(base.fingerprint, new.fingerprint)}")
+
+
+def check_same_device(base: RunData, new: RunData) -> None:
+    differs = device_difference(base, new)
+    if differs:
+        raise CompareError(f"runs were measured on different device fingerprints ({differs}); "
                            "pass --allow-different-device to compare anyway")
 
 
@@ -267,6 +275,17 @@ def compare_runs(base: RunData, new: RunData, threshold: float, metric: str = "m
         diffs.append(CaseDiff(key[0], key[1], some.get("params") or {}, key[3], rb, rn,
                               case_verdict(rb, rn, threshold, metric)))
     return diffs
+
+
+def check_common_cases(base: RunData, new: RunData, diffs: Sequence[CaseDiff]) -> None:
+    """Two runs with no case in common (say, of different ops) are a usage error, not a regression of every case. (A
+    new run with no case at all stays a gate failure: every base case is missing.)"""
+    if base.results and new.results and not any(d.base is not None and d.new is not None for d in diffs):
+        def ops(run: RunData) -> str:
+            names = sorted({str(r.get("op")) for r in run.results})
+            return ", ".join(names[:6]) + (f" (+{len(names) - 6})" if len(names) > 6 else "") if names else "no cases"
+        raise CompareError(f"the runs have no case in common: {base.label} has {ops(base)}; {new.label} has "
+                           f"{ops(new)}")
 
 
 def tally(diffs: Sequence[CaseDiff]) -> dict[str, int]:
@@ -315,7 +334,9 @@ def print_table(console: Any, diffs: Sequence[CaseDiff], metric: str, threshold:
     hidden = len(rows) - len(shown)
     counts = ", ".join(f"{n} {k}" for k, n in sorted(tally(diffs).items()))
     folded = f" ({hidden} 'same' not listed; --all lists them)" if hidden else ""
-    console.print(f"{len(diffs)} matched cases: {counts or 'none'}{folded}", markup=False, highlight=False)
+    both = sum(d.base is not None and d.new is not None for d in diffs)
+    console.print(f"{len(diffs)} cases, {both} in both runs: {counts or 'none'}{folded}", markup=False,
+                  highlight=False)
 
 
 def geomean_table(diffs: Sequence[CaseDiff]) -> Any:
