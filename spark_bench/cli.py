@@ -187,9 +187,14 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
 
         connect(history_db, create=True).close()
     if session is None:
+        roofline = None
+        if not spec.device.startswith("cuda"):  # a CPU's peaks first: the workers' start-up would take its cores
+            from spark_bench.telemetry import roofline_for
+
+            roofline = roofline_for(spec.device, measure=True)
         executor.prestart(spec.device)  # the workers start up (torch, plugins) while this process finds the cases
         session = Session.create(spec, cfg, out, timeout, command=sys.argv, results_root=RESULTS_ROOT,
-                                 own_pids=executor.own_pids())
+                                 own_pids=executor.own_pids(), roofline=roofline)
     code = session.execute(report=not no_report, executor=executor, confirm_crashes=not no_confirm_crashes)
     if like is not None:
         click.echo(f"compare: spark-bench compare {like} {session.store.path}")

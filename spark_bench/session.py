@@ -254,9 +254,11 @@ class Session:
 
     @classmethod
     def create(cls, spec: SweepSpec, cfg: TimingConfig, out: Path | None, timeout: float | None,
-               command: list[str], results_root: Path, own_pids: set[int] | frozenset[int] = frozenset()) -> Session:
+               command: list[str], results_root: Path, own_pids: set[int] | frozenset[int] = frozenset(),
+               roofline: dict[str, Any] | None = None) -> Session:
         """A new run: its cases, directory and run.json, after the GPU's preflight (`own_pids`: the run's
-        prestarted workers, which are not "other processes" on the GPU)."""
+        prestarted workers, which are not "other processes" on the GPU; `roofline`: the peaks, when the caller got
+        them before starting the workers, as a CPU's must be)."""
         cases = cls._cases(spec)
         from spark_bench.fingerprint import fingerprint
         from spark_bench.telemetry import preflight, roofline_for
@@ -269,7 +271,8 @@ class Session:
         check = preflight(spec.device, own_pids=own_pids) if spec.device.startswith("cuda") else None
         for warning in (check or {}).get("warnings", []):
             console(stderr=True).print(f"warning: {warning}", markup=False)
-        roofline = roofline_for(spec.device, measure=True)  # once per device fingerprint, cached
+        if roofline is None:
+            roofline = roofline_for(spec.device, measure=True)  # once per device fingerprint, cached
         busy = busy_text(roofline.get("measured") or {})
         if busy:
             console(stderr=True).print(f"warning: the roofline peaks were measured while the machine was {busy}: "

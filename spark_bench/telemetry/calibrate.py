@@ -8,8 +8,11 @@ is what the device can reach, and other load on the machine only ever slows a ba
 The CPU sizes are moderate so `spark-bench calibrate --device cpu` finishes in seconds.
 
 On a CPU, other work on the machine lowers every batch alike (a test suite on all cores gave peaks 10x low, which
-the cache then served to every later run). So the entry records the load average before measuring (`load`), and a
-CPU measured while busy (`busy`: load average >= BUSY_LOAD per CPU) is not cached by a run's implicit calibration.
+the cache then served to every later run). So the entry records the load (`load`): the load average before measuring
+and the share of the CPUs other processes used while measuring (from /proc/stat, less this process's own time). A CPU
+measured while busy (`busy`: load average >= BUSY_LOAD per CPU, or others' share >= BUSY_SHARE) is not cached by a
+run's implicit calibration. The share matters: the load average lags by a minute, so a burst just before (a run's
+workers importing torch) halved a 2-core VM's peaks unseen; a run now measures a CPU's peaks before its workers start.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 GPU = {"copy_bytes": 2 * 2**30, "matmul_n": {"bf16": 8192, "fp16": 8192, "tf32": 8192, "fp32": 8192},
@@ -25,6 +29,7 @@ CPU = {"copy_bytes": 64 * 2**20, "matmul_n": {"fp32": 1024, "bf16": 256, "fp16":
        "budget_s": 0.4, "warmup_s": 0.1}
 BATCH_S = 0.02  # one timed sample: back-to-back calls for about this long
 BUSY_LOAD = 0.5  # 1-minute load average per CPU at or above which a CPU calibration counts as taken while busy
+BUSY_SHARE = 0.25  # share of all CPUs used by other processes while measuring at or above which it counts as busy
 
 
 def machine_load() -> dict[str, Any]:
@@ -36,16 +41,51 @@ def machine_load() -> dict[str, Any]:
     return {"loadavg_1min": load, "cpus": os.cpu_count()}
 
 
+def _proc_stat() -> tuple[float, int] | None:
+    """(seconds all CPUs spent busy since boot, CPUs) from /proc/stat; None where there is none (not Linux)."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+        ticks = [int(x) for x in lines[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError, IndexError):
+        return None
+    busy = sum(ticks) - ticks[3] - ticks[4]
+    return busy / os.sysconf("SC_CLK_TCK"), sum(line.startswith("cpu") for line in lines) - 1
+
+
+def cpu_meter() -> Callable[[], float | None]:
+    """Start measuring; the returned function gives the share of all CPUs (0-1) that other processes used since
+    (None where it cannot tell). Others' time is the system's busy time less this process's (all its threads)."""
+    start, own, wall = _proc_stat(), os.times(), time.monotonic()
+
+    def others_share() -> float | None:
+        end, now = _proc_stat(), os.times()
+        elapsed = time.monotonic() - wall
+        if start is None or end is None or end[1] < 1 or elapsed <= 0:
+            return None
+        others = (end[0] - start[0]) - ((now.user + now.system) - (own.user + own.system))
+        return round(min(1.0, max(0.0, others / (elapsed * end[1]))), 3)
+
+    return others_share
+
+
 def was_busy(load: dict[str, Any], device: str) -> bool:
     """A CPU calibration with other work running: its peaks are low. (GPU peaks do not depend on the host's load.)"""
-    avg, cpus = load.get("loadavg_1min"), load.get("cpus")
-    return not device.startswith("cuda") and avg is not None and bool(cpus) and avg / cpus >= BUSY_LOAD
+    if device.startswith("cuda"):
+        return False
+    avg, cpus, share = load.get("loadavg_1min"), load.get("cpus"), load.get("others_cpu_share")
+    return (avg is not None and bool(cpus) and avg / cpus >= BUSY_LOAD) or (share is not None and share >= BUSY_SHARE)
 
 
 def busy_text(entry: dict[str, Any]) -> str:
-    """'busy (load average 3.1 on 2 CPUs)' for an entry measured while busy, else ''."""
+    """'busy (load average 3.1 on 2 CPUs)' or 'busy (other processes used 48% of the CPUs while measuring)' for an
+    entry measured while busy, else ''."""
+    if not entry.get("busy"):
+        return ""
     load = entry.get("load") or {}
-    return f"busy (load average {load.get('loadavg_1min')} on {load.get('cpus')} CPUs)" if entry.get("busy") else ""
+    share = load.get("others_cpu_share")
+    if share is not None and share >= BUSY_SHARE:
+        return f"busy (other processes used {share:.0%} of the CPUs while measuring)"
+    return f"busy (load average {load.get('loadavg_1min')} on {load.get('cpus')} CPUs)"
 
 
 def per_call_seconds(fn: Callable[[], Any], device: str, budget_s: float, warmup_s: float) -> tuple[float, int]:
@@ -125,7 +165,7 @@ def calibrate(device: str = "cuda", *, identity: dict[str, Any] | None = None,
         total = torch.cuda.get_device_properties(torch.device(device).index or 0).total_memory
         cfg["copy_bytes"] = min(cfg["copy_bytes"], total // 8)
     say = progress or (lambda _msg: None)
-    load = machine_load()
+    load, others_share = machine_load(), cpu_meter()
     say(f"bandwidth: copying {cfg['copy_bytes'] / 2**20:.0f} MiB")
     copy = measure_bandwidth(device, cfg["copy_bytes"], cfg["budget_s"], cfg["warmup_s"])
     matmul = {}
@@ -138,6 +178,8 @@ def calibrate(device: str = "cuda", *, identity: dict[str, Any] | None = None,
             matmul[dtype] = {"tflops": None, "n": n, "error": str(exc).splitlines()[0]}
     if cuda:
         torch.cuda.empty_cache()
+    else:
+        load = {**load, "others_cpu_share": others_share()}
     return {
         "fingerprint_id": identity["fingerprint_id"], "key_source": identity["key_source"],
         "device": identity["device"], "measured_at": now_iso(),
