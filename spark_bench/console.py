@@ -88,17 +88,20 @@ def results_table(records: Sequence[dict[str, Any]], title: str = "", limit: int
                    key=lambda r: (r["op"], r["dtype"], [str(v).zfill(12) for v in r["params"].values()], r["backend"]))
     parts: list[Any] = [Text(title, style="bold")] if title else []
     fastest = fastest_medians(records if among is None else among)
+    every_row = {op: list(rows) for op, rows in itertools.groupby(shown, key=lambda r: r["op"])}
     for op, rows in itertools.groupby(shown[:limit], key=lambda r: r["op"]):
-        parts.append(_op_table(op, list(rows), fastest))
+        parts.append(_op_table(op, list(rows), fastest, every_row[op]))
     if len(shown) > limit:
         parts.append(Text(f"{len(shown) - limit} more cases not shown (see the HTML report)", style="dim"))
     return Group(*parts)
 
 
-def _op_table(op: str, rows: list[dict[str, Any]], fastest: dict[tuple, float]) -> Group:
+def _op_table(op: str, rows: list[dict[str, Any]], fastest: dict[tuple, float],
+              selected: list[dict[str, Any]]) -> Group:
+    """`rows`: those shown; `selected`: all of the op's rows (more under a limit), which the title's axes hold for."""
     from spark_bench.report.model import record_backend
 
-    fixed = {k: v for k, v in rows[0]["params"].items() if all(r["params"].get(k, object()) == v for r in rows)}
+    fixed = {k: v for k, v in rows[0]["params"].items() if all(r["params"].get(k, object()) == v for r in selected)}
     timers = {(r.get("timing") or {}).get("timer") for r in rows} - {None, ""}
     shared_timer = timers.pop() if len(timers) == 1 else None  # an untimed row (a failure) has no timer
     weights = {r.get("weights") for r in rows}

@@ -328,13 +328,14 @@ class Session:
 
     def _execute(self, report: bool, executor: Any, confirm_crashes: bool) -> int:
         from spark_bench.console import SweepProgress
+        from spark_bench.executors.plan import to_run_text
         from spark_bench.runner import pending
 
         out = console()
         todo = pending(self.store, self.cases)
         sources: collections.Counter[str] = collections.Counter()
         expected = estimates(todo, sources)
-        out.print(f"spark-bench: {len(self.cases)} cases on {self.spec.device}, {len(todo)} to run"
+        out.print(f"spark-bench: {len(self.cases)} cases on {self.spec.device}, {to_run_text(todo)}"
                   f"{estimate_note(expected, sources)} -> {self.store.path}" + shapes_note(self.spec, self.cfg),
                   markup=False, soft_wrap=True)  # one line, however long
         tele, _ = RunTelemetry.start(self.store.path, self.spec.device) if self.spec.device.startswith("cuda") \

@@ -61,6 +61,10 @@ def test_an_op_with_one_point_shows_no_params_column_and_the_limit_is_said():
     assert _row(text, "│ a ")[:4] == ["a", "bf16", "ok", "2 ±1%"] and _row(text, "│ b ")[4] == "-"
     many = [_rec("x.op", "a", {"tokens": t}, 1.0) for t in range(5)]
     assert "2 more cases not shown (see the HTML report)" in _render(many, limit=3)
+    swept = [_rec("x.op", "a", {"heads": h, "tokens": t}, 1.0) for h in (4, 8) for t in (1, 2)]
+    cut = _render(swept, limit=2)  # the rows shown all have heads=4; the op's other rows do not
+    assert "x.op heads=4" not in cut and "heads=4 tokens=1" in cut and "2 more cases not shown" in cut
+    assert "x.op heads=4" not in _render(swept) and "x.op tokens=1" in _render(swept[:1] + swept[2:3])
 
 
 def test_a_timer_every_row_shares_is_said_once_in_the_title_and_labels_stay_per_row():

@@ -192,14 +192,17 @@ def test_dry_run_estimates_from_stored_results(tmp_path, monkeypatch, fault_proc
     assert "fault.scale slow rows=3 cols=5 fp32  ~7.00s (op+backend)" in out
     assert "fault.scale raises rows=3 cols=5 fp32  ~5.00s (default)" in out
     assert "skipped: needs a device nobody has" in out
+    assert out.splitlines()[0].startswith("spark-bench dry run: 8 cases on cpu, 6 to run, 2 skipped, executor ")
     # 2 + 2 + 7 + 7 + 5 + 5 = 28 s of case time, 14 s on two workers
     assert "estimate: 28.0s of case time" in out and "on 2 workers: 14.0s" in out
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["old"]  # nothing ran, no run directory
     # the run itself says the same estimate in its first line: 2 + 2 s for the good backend's two cases
-    result = CliRunner().invoke(cli.main, ["run", "--op", "fault.scale", "--backend", "good", "--device", "cpu",
-                                           "--quick", "--no-report", "--out", str(tmp_path / "new")])
+    result = CliRunner().invoke(cli.main, ["run", "--op", "fault.scale", "--backend", "good", "--backend",
+                                           "unavailable", "--device", "cpu", "--quick", "--no-report", "--out",
+                                           str(tmp_path / "new")])
     assert result.exit_code == 0, result.output
-    assert "2 to run (estimate ~4.0s of case time; --dry-run has the breakdown) -> " in result.output.splitlines()[0]
+    assert ("4 cases on cpu, 2 to run, 2 skipped (estimate ~4.0s of case time; --dry-run has the breakdown) -> "
+            in result.output.splitlines()[0])
 
 
 def test_estimates_read_only_the_newest_run_directories(tmp_path):

@@ -131,12 +131,18 @@ def fmt_duration(seconds: float) -> str:
     return f"{hours}h {m:02d}m {s:02d}s" if hours else f"{m}m {s:02d}s" if m else f"{seconds:.1f}s"
 
 
+def to_run_text(todo: Sequence[Case]) -> str:
+    """'18 to run, 6 skipped' of the cases left (a skipped backend is recorded, never run)."""
+    skipped = sum(bool(c.skip) for c in todo)
+    return f"{len(todo) - skipped} to run" + (f", {skipped} skipped" if skipped else "")
+
+
 def print_plan(cases: Sequence[Case], todo: Sequence[Case], executor_text: str, workers: int | None,
                results_root: Path, echo=print) -> float:
     """Print the cases to run with their estimates and the total; returns the estimated wall seconds."""
     stored = stored_durations(results_root)
     device = cases[0].device if cases else "?"
-    echo(f"spark-bench dry run: {len(cases)} cases on {device}, {len(todo)} to run, executor {executor_text}")
+    echo(f"spark-bench dry run: {len(cases)} cases on {device}, {to_run_text(todo)}, executor {executor_text}")
     sources: collections.Counter[str] = collections.Counter()
     per_op: dict[str, list[float]] = {}  # op -> [cases to run, skipped, seconds]
     total = 0.0
