@@ -19,7 +19,7 @@ from spark_bench.console import console, failures_table, results_table, summary_
 from spark_bench.runner import Runner, default_timeout
 from spark_bench.sweep import Case, SweepSpec, UsageError, build_cases
 from spark_bench.telemetry import RunTelemetry, percent_of_peak
-from spark_bench.timing import TIMER_MODES, TimingConfig
+from spark_bench.timing import TimingConfig
 
 
 def estimates(todo: list[Case], sources: collections.Counter[str] | None = None) -> dict[str, float]:
@@ -181,12 +181,14 @@ def stored_sweep(store: results.RunStore, run: dict[str, Any]) -> tuple[SweepSpe
 
 
 def kept_timers(records: list[dict[str, Any]]) -> dict[str, str]:
-    """case id -> the CUDA timer mode each timed case of a run used, for `run --like` to keep: `--timer auto` picks
-    by a 5-sample probe at 50 us, so a case near that line could change timer between the two runs, and `compare`
-    would set a graph time against an event time."""
+    """case id -> the CUDA timer each timed case of a run used ('events', 'graph:N'), for `run --like` to keep:
+    `--timer auto` picks by a 5-sample probe at 50 us, so a case near that line could change timer between the two
+    runs, and `compare` would set a graph time against an event time."""
+    from spark_bench.timing import kept_timer
+
     out = {}
     for r in records:
-        mode = TIMER_MODES.get(str((r.get("timing") or {}).get("timer")))
+        mode = kept_timer(r.get("timing"))
         if mode is not None:
             out[r["case_id"]] = mode
     return out

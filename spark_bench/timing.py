@@ -52,6 +52,7 @@ class TimingConfig:
     flush: bool = True
     mode: str = "auto"  # auto | events | graph (CUDA); CPU devices always use the host clock
     graph_target_us: float = 500.0  # unroll the graph until its calls (the flushes not counted) take about this long
+    graph_calls: int | None = None  # or exactly this many calls per replay (run --like: the base's calls_per_sample)
 
     @classmethod
     def quick(cls) -> TimingConfig:
@@ -59,6 +60,25 @@ class TimingConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def kept_timer(timing: dict[str, Any] | None) -> str | None:
+    """The timer that reproduces a stored timing, for `run --like` and the pytest gate to keep: 'events', 'graph:N'
+    (the graph at its N calls per replay: another N amortises the launch gaps otherwise), or None (CPU, untimed)."""
+    timing = timing if isinstance(timing, dict) else {}
+    mode = TIMER_MODES.get(str(timing.get("timer")))
+    calls = timing.get("calls_per_sample")
+    if mode == "graph" and isinstance(calls, int) and not isinstance(calls, bool) and calls > 0:
+        return f"graph:{calls}"
+    return mode
+
+
+def with_kept_timer(cfg: TimingConfig, kept: str | None) -> TimingConfig:
+    """`cfg` timing by a kept timer ('events', 'graph' or 'graph:N', see kept_timer) in place of auto's probe."""
+    if not kept or cfg.mode != "auto":
+        return cfg
+    mode, _, calls = kept.partition(":")
+    return dataclasses.replace(cfg, mode=mode, graph_calls=int(calls) if calls.isdigit() else cfg.graph_calls)
 
 
 def config_for(device: str, quick: bool = False, **overrides: Any) -> TimingConfig:
@@ -221,7 +241,7 @@ def _capture(body: Call) -> torch.cuda.CUDAGraph:
 
 def time_cuda_graph(calls: Sequence[Call], cfg: TimingConfig, device: str, estimate_us: float) -> dict[str, Any]:
     flush = flusher(device, cfg.flush)
-    n = int(min(1000, max(1, math.ceil(cfg.graph_target_us / max(estimate_us, 0.5)))))
+    n = cfg.graph_calls or int(min(1000, max(1, math.ceil(cfg.graph_target_us / max(estimate_us, 0.5)))))
 
     def body() -> None:
         for i in range(n):

@@ -13,7 +13,6 @@ Its stderr goes to a log file whose tail the runner stores with a crash.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import faulthandler
 import functools
 import os
@@ -118,7 +117,7 @@ class CaseRunner:
     def _run(self, case: Case, cfg: TimingConfig, n_sets: int, record: dict[str, Any]) -> None:
         from spark_bench.check import check_outputs, clone_inputs, output_snapshot
         from spark_bench.compiled import compile_count
-        from spark_bench.timing import for_interpreted, for_stages, measure
+        from spark_bench.timing import for_interpreted, for_stages, measure, with_kept_timer
         from spark_bench.tune.space import recording, summarize
 
         op = self.reg.get(case.op)
@@ -127,8 +126,7 @@ class CaseRunner:
         interpreted = "interpreted" in record["labels"]
         if interpreted:
             cfg = for_interpreted(cfg)
-        if case.timer and cfg.mode == "auto":  # run --like: the base's timer, not a new probe's (near 50 us it flips)
-            cfg = dataclasses.replace(cfg, mode=case.timer)
+        cfg = with_kept_timer(cfg, case.timer)  # run --like: the base's timer, not a new probe's (near 50 us it flips)
         sets, ref, extra = self._inputs(op, case, n_sets)
         record["extra"] = dict(extra)
         cost = op.cost(case.params, case.dtype)

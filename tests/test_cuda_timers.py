@@ -204,6 +204,21 @@ def test_forced_modes_and_the_sample_cap(gpu):
     assert rec["timer"] == "cuda-graph" and rec["median"] == pytest.approx(500.0)
 
 
+def test_a_kept_graph_timer_keeps_the_bases_calls_per_replay(gpu):
+    """`run --like` of a case the base graphed at 37 calls per replay: the same 37 (a forced graph used to unroll
+    graph_target_us / 10 us = 50, another amortisation of the launch gaps), and an event base stays events."""
+    base = timing.measure([gpu.kernel(13.5)], "cuda:0", CFG)
+    kept = timing.kept_timer(base)
+    assert base["timer"] == "cuda-graph" and kept == f"graph:{base['calls_per_sample']}" == "graph:38"
+    again = timing.measure([gpu.kernel(13.5)], "cuda:0", timing.with_kept_timer(CFG, kept))
+    assert again["timer"] == "cuda-graph" and again["calls_per_sample"] == 38
+    legacy = timing.measure([gpu.kernel(13.5)], "cuda:0", timing.with_kept_timer(CFG, "graph"))  # an older run.json
+    assert legacy["calls_per_sample"] == 50
+    assert timing.kept_timer(timing.measure([gpu.kernel(80.0)], "cuda:0", CFG)) == "events"
+    assert timing.kept_timer({"timer": "cpu-perf_counter", "calls_per_sample": 1}) is None
+    assert timing.with_kept_timer(dataclasses.replace(CFG, mode="events"), "graph:9").mode == "events"  # --timer wins
+
+
 def test_a_cases_device_memory_is_read_on_its_own_gpu(monkeypatch):
     """In process (pytest --spark-device cuda:1) another GPU may be current: the peak is reset and read on cuda:1."""
     from spark_bench import worker

@@ -147,11 +147,11 @@ def test_each_case_keeps_the_baselines_timer(pytester, baseline):
     """`--spark-timer auto` picks graph or events from a probe at 50 us: a case near the line could be timed one way
     in the baseline and the other now, and the gate would set a graph time against an event time. Each case keeps
     the baseline's timer (a GPU baseline's, simulated on this CPU's), and says so (extra_info.timer_kept)."""
-    baseline["benchmarks"][0]["extra_info"]["timer"] = "cuda-graph"
+    baseline["benchmarks"][0]["extra_info"].update(timer="cuda-graph", calls_per_sample=24)
     name = _damaged(pytester, baseline, "gpu-base.json")
     pytester.runpytest(*GOOD, f"--benchmark-compare={name}", "--benchmark-json", "new.json").assert_outcomes(passed=1)
     [bench] = json.loads((pytester.path / "new.json").read_text())["benchmarks"]
-    assert bench["extra_info"]["timer_kept"] == "graph"
+    assert bench["extra_info"]["timer_kept"] == "graph:24"  # the graph at the baseline's calls per replay
     pytester.runpytest(*GOOD, f"--benchmark-compare={name}", "--spark-timer", "events", "--benchmark-json",
                        "pinned.json").assert_outcomes(passed=1)
     [bench] = json.loads((pytester.path / "pinned.json").read_text())["benchmarks"]

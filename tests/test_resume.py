@@ -136,18 +136,18 @@ def test_like_keeps_each_cases_timer_from_the_base(tmp_path, monkeypatch):
     code, _, err = run_cli("run", *args, "--out", base, "--no-report", "--executor", "inprocess")
     assert code == 0, err
     records = [json.loads(line) for line in (base / "results.jsonl").read_text().splitlines() if line.strip()]
-    for record, timer in zip(records, ["cuda-graph", "cuda-event"], strict=True):
-        record["timing"]["timer"] = timer
+    for record, timer, calls in zip(records, ["cuda-graph", "cuda-event"], [37, 1], strict=True):
+        record["timing"]["timer"], record["timing"]["calls_per_sample"] = timer, calls
     (base / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     modes, real = {}, timing.measure
 
     def measure(calls, device, cfg):
-        modes[len(modes)] = cfg.mode
+        modes[len(modes)] = (cfg.mode, cfg.graph_calls)
         return real(calls, device, cfg)
 
     monkeypatch.setattr(timing, "measure", measure)
     code, _, err = run_cli("run", "--like", base, "--out", new, "--no-report", "--executor", "inprocess")
     assert code == 0, err
     kept = json.loads((new / "run.json").read_text())["spec"]["timers"]
-    assert kept == {records[0]["case_id"]: "graph", records[1]["case_id"]: "events"}
-    assert sorted(modes.values()) == ["events", "graph"]  # each case timed with its base's timer
+    assert kept == {records[0]["case_id"]: "graph:37", records[1]["case_id"]: "events"}
+    assert sorted(modes.values()) == [("events", None), ("graph", 37)]  # each case timed with its base's timer

@@ -152,17 +152,17 @@ def run_case(case: Any, state: Any, benchmark: Any, item: pytest.Item) -> None:
 
 
 def baseline_timer(item: pytest.Item) -> str | None:
-    """The CUDA timer mode ('graph', 'events') the --benchmark-compare baseline timed this benchmark with, or None
-    (no baseline loaded, the benchmark not in it, or a CPU timer). Applied under --spark-timer auto only."""
+    """The CUDA timer ('graph:N', 'events'; timing.kept_timer) the --benchmark-compare baseline timed this benchmark
+    with, or None (no baseline loaded, the benchmark not in it, or a CPU timer). Applied under --spark-timer auto."""
     if item.config.getoption("spark_timer") != "auto":
         return None
-    from spark_bench.timing import TIMER_MODES
+    from spark_bench.timing import kept_timer
 
     mapping = getattr(getattr(item.config, "_benchmarksession", None), "compared_mapping", None) or {}
     for benchmarks in mapping.values():
         saved = benchmarks.get(item.nodeid) if isinstance(benchmarks, dict) else None
         extra = saved.get("extra_info") if isinstance(saved, dict) else None
-        mode = TIMER_MODES.get(str(extra.get("timer"))) if isinstance(extra, dict) else None
+        mode = kept_timer(extra) if isinstance(extra, dict) else None
         if mode is not None:
             return mode
     return None
