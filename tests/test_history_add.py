@@ -99,7 +99,10 @@ def test_another_run_reusing_an_id_is_kept_beside_the_first(tmp_path):
     assert add_runs(db, [tmp_path / "other" / "nightly"])["added"] == 1
     assert _medians(db) == pytest.approx({"nightly": 50.0, "nightly@20261202T020000": 60.0,
                                           "nightly@20261201T020000": 70.0}, rel=0.05)
-    assert add_runs(db, [nightly, tmp_path / "other" / "nightly"]) == {"added": 0, "replaced": 0, "unchanged": 2}
+    seen = []
+    assert add_runs(db, [nightly, tmp_path / "other" / "nightly"], on_run=lambda path, run_id, outcome: seen.append(
+        run_id)) == {"added": 0, "replaced": 0, "unchanged": 2}
+    assert seen == ["nightly@20261202T020000", "nightly@20261201T020000"]  # the ids they are stored under
     code, out, _ = run_cli("history", "show", "nightly@20261202", "--db", db)
     assert code == 0 and "nightly" in out
 

@@ -150,14 +150,15 @@ class Ingest:
         except (OSError, ValueError, AttributeError):
             return run_dir.name
 
-    def unchanged(self, run_dir: Path) -> bool:
-        run_id = self._peek_id(run_dir)
+    def stored_unchanged(self, run_dir: Path) -> str | None:
+        """The id this run is stored under when its files are unchanged since (same digest), else None."""
         try:
             digest = digest_of(run_dir)
         except OSError:
-            return False  # unreadable: parsing it says so
-        return self.con.execute(f"SELECT 1 FROM runs WHERE {_FAMILY} AND digest = ?",
-                                (*_family(run_id), digest)).fetchone() is not None
+            return None  # unreadable: parsing it says so
+        row = self.con.execute(f"SELECT run_id FROM runs WHERE {_FAMILY} AND digest = ?",
+                               (*_family(self._peek_id(run_dir)), digest)).fetchone()
+        return row[0] if row else None
 
     def _stored_copy(self, p: dict[str, Any]) -> tuple[int, str, str] | None:
         """(row id, digest, stored id) of this very run's earlier copy: the same run id, creation time and device
@@ -217,10 +218,11 @@ class Ingest:
         counts = {"added": 0, "replaced": 0, "unchanged": 0}
         todo = []
         for d in run_dirs:
-            if self.unchanged(d):  # checked again under the write lock; this only skips the parsing
+            stored_as = self.stored_unchanged(d)  # checked again under the write lock; this only skips the parsing
+            if stored_as is not None:
                 counts["unchanged"] += 1
                 if on_run is not None:
-                    on_run(d, self._peek_id(d), "unchanged")
+                    on_run(d, stored_as, "unchanged")
             else:
                 todo.append(d)
         with _prepared(todo, default_jobs() if jobs is None else jobs) as stream:
