@@ -199,8 +199,11 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
     if like is not None:
         click.echo(f"compare: spark-bench compare {like} {session.store.path}")
     if history_db is not None:
-        counts = add_runs(history_db, [session.store.path])
-        click.echo(f"history {history_db}: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n))
+        stored: list[str] = []
+        counts = add_runs(history_db, [session.store.path], on_run=lambda _path, run_id, _how: stored.append(run_id))
+        renamed = [r for r in stored if r != session.store.path.name]  # another run holds its id: kept beside it
+        click.echo(f"history {history_db}: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+                   + (f" (stored as {renamed[0]}: the database holds another run of that name)" if renamed else ""))
     sys.exit(code)
 
 

@@ -34,6 +34,11 @@ def test_run_with_history_then_query(tmp_path, fault_env):
     assert all(p["median"] > 1500 for p in series["points"])  # a 2 ms sleep per call
     check = cli(env, "history", "check", "--db", db, "--since", "2000-01-01")
     assert check.returncode == 0, check.stdout + check.stderr
+    proc = cli(env, "run", *SWEEP, "--out", tmp_path / "again" / "a", "--history", db)  # another run named a
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"history {db}: 1 added (stored as a@" in proc.stdout and "another run of that name" in proc.stdout
+    runs = json.loads(cli(env, "history", "list", "--db", db, "--runs", "--json").stdout)
+    assert len(runs) == 3 and sum(r["run_id"].startswith("a@") for r in runs) == 1
 
 
 def test_run_with_a_foreign_history_fails_before_the_sweep(tmp_path, fault_env):
