@@ -29,6 +29,26 @@ def median_ci(sorted_samples: np.ndarray, z: float = Z95) -> tuple[float, float]
     return float(sorted_samples[lo]), float(sorted_samples[hi])
 
 
+def metric_ci(sorted_samples: np.ndarray, metric: str, z: float = Z95) -> tuple[float, float] | None:
+    """A ~95% CI of a timing statistic (`compare --metric`): the median's and a quantile's (p10, p90) from order
+    statistics, the mean's from its standard error; None for the min (an extreme has no such interval) or too few
+    samples."""
+    s, n = sorted_samples, len(sorted_samples)
+    if n == 0:
+        return None
+    if metric == "median":
+        return median_ci(s, z)
+    if metric == "mean":
+        half = z * float(np.std(s, ddof=1)) / math.sqrt(n) if n > 1 else math.inf
+        return (float(np.mean(s)) - half, float(np.mean(s)) + half) if math.isfinite(half) else None
+    q = {"p10": 0.1, "p90": 0.9}.get(metric)
+    if q is None or n < MIN_CI_SAMPLES:
+        return None
+    half = z * math.sqrt(n * q * (1.0 - q))
+    lo, hi = max(0, int(math.floor(n * q - half)) - 1), min(n - 1, int(math.ceil(n * q + half)))
+    return float(s[lo]), float(s[hi])
+
+
 def median_ci_coverage(n: int, z: float = Z95) -> float | None:
     """Exact probability that `median_ci` of n independent samples of a continuous distribution covers its median:
     P(lo < B <= hi) for B ~ Binomial(n, 1/2). About 0.95 from 6 samples on; 0.5 at 2, 0.75 at 3, 0.94 at 5."""

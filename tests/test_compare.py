@@ -152,6 +152,32 @@ def test_without_raw_samples_the_stored_cis_decide():
     assert timing_verdict(base, {"median": 100.5, "ci_low": 99.5, "ci_high": 101.5}, 0.05).verdict == "same"
 
 
+@pytest.mark.parametrize("metric,true_value", [("median", math.log(2.0)), ("p90", math.log(10.0)),
+                                               ("p10", -math.log(0.9)), ("mean", 1.0)])
+def test_each_metrics_ci_covers_its_own_statistic_about_95_percent_of_the_time(metric, true_value):
+    """`compare --metric p90` used the medians' CIs for the p90's ratio: a CI of the wrong statistic."""
+    from spark_bench.stats import metric_ci
+
+    rng = np.random.default_rng(7)
+    draws = [metric_ci(np.sort(rng.exponential(1.0, 120)), metric) for _ in range(600)]
+    coverage = np.mean([lo <= true_value <= hi for lo, hi in draws])
+    assert 0.92 <= coverage <= 0.985, coverage
+    assert metric_ci(np.sort(rng.exponential(1.0, 50)), "min") is None
+
+
+def test_a_ratio_of_another_metric_gets_that_metrics_verdict_not_the_medians():
+    rng = np.random.default_rng(3)
+    base = fx.timing_of(rng.normal(100.0, 1.0, 60))
+    tail = rng.normal(100.0, 1.0, 60)
+    tail[-12:] += 60.0  # the median stays; the p90 jumps
+    new = fx.timing_of(tail)
+    assert timing_verdict(base, new, 0.05, "median").verdict == "same"
+    v = timing_verdict(base, new, 0.05, "p90")
+    assert v.ratio == pytest.approx(new["p90"] / base["p90"]) and v.ratio > 1.3
+    assert v.ratio_lo <= v.ratio <= v.ratio_hi and v.ratio_lo > 1.05  # the p90's CI, not the median's
+    assert timing_verdict(base, new, 0.05, "min").ratio_lo is None  # no CI of a min: said, not invented
+
+
 def test_correctness_changes():
     ok = fx.case("kda.gate", "triton", {"tokens": 3}, samples=fx.draw(np.random.default_rng(0), 5.0))
     bad = fx.case("kda.gate", "triton", {"tokens": 3}, status="mismatch", error="err_ratio 0.4 > 0.01")
@@ -282,6 +308,37 @@ def test_html_writes_the_comparison_report(tmp_path):
     text = out.read_text()
     assert 'id="compare"' in text and "9b8c7d6e vs 3f2a1c9d" in text
     assert "verdicts on the min" in text and "±5% minimum effect" in text
+
+
+def test_html_names_the_compared_metric_and_plots_its_ratio(tmp_path):
+    a = fx.standard_run(tmp_path / "a", seed=0)
+    b = fx.standard_run(tmp_path / "b", seed=1, run_id="run-b", commit="9b8c7d6e5f", scale={"torch": 0.8})
+    out = tmp_path / "cmp.html"
+    assert invoke(a, b, "--html", out, "--metric", "p90").exit_code == 0
+    text = out.read_text()
+    table = json.loads(text.split('id="sb-data">', 1)[1].split("</script>", 1)[0])["tables"]["comparison"]
+    names = [c["name"] if isinstance(c, dict) else c for c in table["columns"]]
+    assert "base_p90_us" in str(names) and "median" not in str(names)
+    i_base, i_new, i_ratio = (next(i for i, c in enumerate(table["columns"]) if key in json.dumps(c))
+                              for key in ("base_p90", "new_p90", '"ratio"'))
+    for row in table["rows"]:
+        if row[i_base] and row[i_new] and row[i_ratio]:
+            assert row[i_ratio] == pytest.approx(row[i_new] / row[i_base], rel=1e-6)
+    assert "Ratio to 3f2a1c9d (p90 time, " in text and "(median time, " not in text  # the ratio chart's title
+
+
+def test_the_console_says_why_a_verdict_is_what_it_is(tmp_path):
+    rng = np.random.default_rng(0)
+    a = fx.write_run(tmp_path / "a", [fx.case("kda.gate", "triton", {"tokens": 3}, samples=fx.draw(rng, 45.0))])
+    slow = fx.case("kda.gate", "triton", {"tokens": 3}, samples=fx.draw(rng, 60.0))
+    slow["timing"]["timer"] = "cuda-graph"
+    b = fx.write_run(tmp_path / "b", [slow], run_id="run-b")
+    res = invoke(a, b)
+    assert res.exit_code == 1
+    table_row = next(line for line in res.stdout.splitlines() if "kda.gate triton" in line)
+    assert "timer cuda-event" in table_row  # the note column
+    (listed,) = [line for line in res.stderr.splitlines() if line.startswith("  kda.gate")]
+    assert "slower" in listed and "not timed alike" in listed
 
 
 def test_html_verdicts_use_the_gates_threshold(tmp_path):

@@ -78,8 +78,8 @@ class OpCharts:
     """
 
     def __init__(self, op: str, runs: Sequence[RunData], colours: dict[str, str], baseline: str = "torch",
-                 hovers: list[str] | None = None):
-        self.op, self.runs, self.colours, self.baseline = op, runs, colours, baseline
+                 hovers: list[str] | None = None, metric: str = "median"):
+        self.op, self.runs, self.colours, self.baseline, self.metric = op, runs, colours, baseline, metric
         self.hovers = hovers if hovers is not None else []
         self.per_run = [[r for r in run.results if r.get("op") == op] for run in runs]
         every = [r for rs in self.per_run for r in rs]
@@ -124,8 +124,7 @@ class OpCharts:
 
     def speedup_ci(self, r: dict[str, Any], ri: int) -> tuple[float, float] | None:
         """The speedup's CI: the two medians' stored CIs combined on a log scale, as `compare` does for its ratio."""
-        v = self.speedups[ri].get(id(r))
-        if v is None:
+        if (v := self.speedups[ri].get(id(r))) is None:
             return None
         cis = [(number(timing(x).get("ci_low")) or 0.0, number(timing(x).get("ci_high")) or 0.0)
                for x in (r, self.twins[ri][id(r)])]
@@ -320,12 +319,14 @@ class OpCharts:
         return fig
 
     def ratio_chart(self, verdicts: dict[tuple[int, int], Any]) -> dict[str, Any] | None:
-        """New/base median per backend (runs 1.. against run 0); `verdicts` maps (run_index, id(result)) to Verdict."""
-        base = {match_key(r): timing(r)["median"] for rs in self.groups_of(0) for r in rs}
+        """New/base of the compared metric per backend (runs 1.. against run 0) with the verdict's CI; `verdicts`
+        maps (run_index, id(result)) to Verdict."""
+        m = self.metric
+        base = {match_key(r): number(timing(r).get(m)) for rs in self.groups_of(0) for r in rs}
 
         def value(r, ri):
-            b = base.get(match_key(r))
-            return timing(r)["median"] / b if ri > 0 and b else None
+            b, v = base.get(match_key(r)), number(timing(r).get(m))
+            return v / b if ri > 0 and b and v is not None else None
 
         def text(r, ri, bounds):
             v = verdicts.get((ri, id(r)))
@@ -333,12 +334,11 @@ class OpCharts:
 
         def ci(r, ri):
             v = verdicts.get((ri, id(r)))
-            ok = v and number(v.ratio_lo) is not None and number(v.ratio_hi) is not None
-            return (v.ratio_lo, v.ratio_hi) if ok else None
+            return (v.ratio_lo, v.ratio_hi) if v and None not in (number(v.ratio_lo), number(v.ratio_hi)) else None
 
         traces = self._lines(value, f"<b>%{{y:.3f}}× the time of {ptext(self.runs[0].label)}</b>: %{{text}}",
                              text=text, errors=ci)
-        return self._figure(f"Ratio to {self.runs[0].label} (median time, < 1 is faster, bars: CI)", "time ratio",
+        return self._figure(f"Ratio to {self.runs[0].label} ({m} time, < 1 is faster, bars: CI)", "time ratio",
                             traces, y_log=False, hline=1.0)
 
     def groups_of(self, run_index: int) -> list[list[dict[str, Any]]]:

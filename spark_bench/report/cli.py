@@ -112,7 +112,8 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
         click.echo(f"REGRESSED: {len(regressed)} case(s)", err=True)
         for d in sorted(regressed, key=lambda d: d.sort_key):
             v = d.verdict
-            what = f"{v.ratio:.3f}x time (p={v.p_value:.1g})" if v.verdict == "slower" else v.note
+            what = f"{v.ratio:.3f}x time (p={v.p_value:.1g})" + (f"; {v.note}" if v.note else "") \
+                if v.verdict == "slower" else v.note
             click.echo(f"  {d.op} {d.backend} {d.dtype} {params_text(d.params)}: {v.verdict}, {what}", err=True)
         if any((r.run.get("spec") or {}).get("device") == "cpu" for r in (base, new)):
             click.echo(CPU_DRIFT_NOTE, err=True)

@@ -32,7 +32,7 @@ from spark_bench.report.model import (
     time_unit,
     timing,
 )
-from spark_bench.stats import median_ci
+from spark_bench.stats import metric_ci
 
 ALPHA = 0.01
 METRICS = ("median", "mean", "min", "p10", "p90")
@@ -140,15 +140,18 @@ def timing_verdict(base: dict[str, Any], new: dict[str, Any], threshold: float, 
         return Verdict("noisy", ratio, p_value=None, note=f"too few samples to compare ({len(a)} vs {len(b)})")
     if len(a) >= 3 and len(b) >= 3:
         _, p = mann_whitney(a, b)
-        ci_a, ci_b = median_ci(np.sort(np.asarray(a, float))), median_ci(np.sort(np.asarray(b, float)))
+        ci_a, ci_b = (metric_ci(np.sort(np.asarray(x, float)), metric) for x in (a, b))  # the metric's own CIs
         note = ""
-    else:  # no raw samples: the stored CIs are all we have, and non-overlap stands in for the test
+    elif metric == "median":  # no raw samples: the stored (median) CIs are all we have; non-overlap stands in
         ci_a = (number(base.get("ci_low")) or b_val, number(base.get("ci_high")) or b_val)
         ci_b = (number(new.get("ci_low")) or n_val, number(new.get("ci_high")) or n_val)
         p = 0.0 if (ci_b[0] > ci_a[1] or ci_b[1] < ci_a[0]) else 1.0
         note = "no raw samples: stored CIs compared"
-    lo, hi = ratio_ci(ratio, ci_a, ci_b) or (0.0, math.inf)
-    v = Verdict("noisy", ratio, lo, hi, p, note)
+    else:
+        return Verdict("noisy", ratio, note=f"no raw samples: the stored CIs are the median's, not the {metric}'s")
+    bounds = ratio_ci(ratio, ci_a, ci_b) if ci_a and ci_b else None  # None: the metric has no CI (min)
+    lo, hi = bounds or (0.0, math.inf)
+    v = Verdict("noisy", ratio, *(bounds or (None, None)), p, note)
     separated = bool(a) and bool(b) and (min(b) > max(a) * (1.0 + threshold) or max(b) < min(a) * (1.0 - threshold))
     if (p < alpha or separated) and abs(ratio - 1.0) > threshold:
         v.verdict = "slower" if ratio > 1.0 else "faster"
@@ -158,7 +161,8 @@ def timing_verdict(base: dict[str, Any], new: dict[str, Any], threshold: float, 
         v.verdict = "same"
     else:
         spread = max(rel_iqr(a), rel_iqr(b)) if len(a) >= 3 and len(b) >= 3 else math.nan
-        v.note = v.note or (f"ratio CI {lo:.3f}-{hi:.3f} reaches past ±{pct(threshold)}"
+        v.note = v.note or ((f"ratio CI {lo:.3f}-{hi:.3f} reaches past ±{pct(threshold)}" if bounds else
+                             f"the {metric} has no CI and the test is not significant")
                             + (f"; relative IQR up to {spread:.0%}" if math.isfinite(spread) else ""))
     return v
 
@@ -319,13 +323,17 @@ def print_table(console: Any, diffs: Sequence[CaseDiff], metric: str, threshold:
     for col in ("base", "new", "ratio", "p"):
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("verdict", no_wrap=True, min_width=7)
+    notes = any(d.verdict.note for d in shown)  # why a verdict is what it is: timed differently, no samples, ...
+    if notes:
+        table.add_column("note", overflow="fold")
     for d in shown:
         v = d.verdict
         ratio = f"{v.ratio:.3f}" if v.ratio is not None else ""
         p = f"{v.p_value:.1g}" if v.p_value is not None else ""
         case = f"{d.op} {d.backend} {d.dtype} {params_text(d.params)}"
         cells = (case, _metric_text(d.base, metric), _metric_text(d.new, metric), ratio, p)
-        table.add_row(*(Text(c) for c in cells), Text(v.verdict, style=VERDICT_STYLE.get(v.verdict, "")))
+        table.add_row(*(Text(c) for c in cells), Text(v.verdict, style=VERDICT_STYLE.get(v.verdict, "")),
+                      *([Text(v.note, style="dim")] if notes else []))
     if shown:
         console.print(table)
     summary = geomean_table(diffs)

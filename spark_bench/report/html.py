@@ -309,7 +309,7 @@ def comparison(runs: Sequence[RunData], diffs: dict[int, list[CaseDiff]], data: 
             parts.append(f'<p class="sb-warn"><b>Different machines:</b> {esc(runs[ri].device_text)} [{esc(b)}] vs '
                          f"{esc(runs[0].device_text)} [{esc(a)}]: these ratios and verdicts compare hardware as much "
                          "as code.</p>")
-    data["tables"]["comparison"] = tables.comparison_table(runs, diffs)
+    data["tables"]["comparison"] = tables.comparison_table(runs, diffs, metric)
     parts.append('<div data-table="comparison"></div></section>')
     return "".join(parts)
 
@@ -373,7 +373,8 @@ def render(runs: Sequence[RunData], baseline: str = "torch", threshold: float = 
     if diffs:
         sections.append(comparison(runs, diffs, data, threshold, metric))
     for i, op in enumerate(ops):
-        sections.append(op_section(i, OpCharts(op, runs, colours, baseline, hovers=data["hover"]), verdicts, data))
+        charts = OpCharts(op, runs, colours, baseline, hovers=data["hover"], metric=metric)
+        sections.append(op_section(i, charts, verdicts, data))
     data["tables"]["cases"] = tables.cases_table(runs, baseline)
     sections.append('<section id="cases"><h2>All cases</h2><div data-table="cases"></div></section>')
     nav = "".join(f'<a href="#op-{_op_anchor(op)}">{esc(op)}</a>' for op in ops)

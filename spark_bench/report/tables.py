@@ -77,12 +77,14 @@ def _group(results: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
     return out
 
 
-def comparison_table(runs: Sequence[RunData], diffs: dict[int, list[CaseDiff]]) -> dict[str, Any]:
+def comparison_table(runs: Sequence[RunData], diffs: dict[int, list[CaseDiff]],
+                     metric: str = "median") -> dict[str, Any]:
+    """The verdicts' table: each side's `metric` (compare --metric) and its ratio."""
     multi = len(diffs) > 1
     unit = time_unit([x for ds in diffs.values() for d in ds for x in (d.base, d.new)])
     columns = ([_col("run")] if multi else []) + [
-        _col("op"), _col("backend"), _col("dtype"), _col("params", cls="code"), _col(f"base_median_{unit}"),
-        _col(f"new_median_{unit}"), _col("ratio", "new / base median time: > 1 is slower", sig=4),
+        _col("op"), _col("backend"), _col("dtype"), _col("params", cls="code"), _col(f"base_{metric}_{unit}"),
+        _col(f"new_{metric}_{unit}"), _col("ratio", f"new / base {metric} time: > 1 is slower", sig=4),
         _col("ratio_ci_low", sig=4), _col("ratio_ci_high", sig=4), _col("p", "Mann-Whitney U, two-sided"),
         _col("verdict", tag="v"), _col("note", cls="err"),
     ]
@@ -92,6 +94,6 @@ def comparison_table(runs: Sequence[RunData], diffs: dict[int, list[CaseDiff]]) 
             v = d.verdict
             tb, tn = (timing(d.base) if d.base else None), (timing(d.new) if d.new else None)
             rows.append(([runs[ri].label] if multi else []) + [
-                d.op, d.backend, d.dtype, params_text(d.params), tb["median"] if tb else None,
-                tn["median"] if tn else None, v.ratio, v.ratio_lo, v.ratio_hi, v.p_value, v.verdict, v.note])
+                d.op, d.backend, d.dtype, params_text(d.params), tb.get(metric) if tb else None,
+                tn.get(metric) if tn else None, v.ratio, v.ratio_lo, v.ratio_hi, v.p_value, v.verdict, v.note])
     return {"columns": columns, "rows": rows}
