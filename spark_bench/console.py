@@ -99,7 +99,7 @@ def results_table(records: Sequence[dict[str, Any]], title: str = "", limit: int
 def _op_table(op: str, rows: list[dict[str, Any]], fastest: dict[tuple, float],
               selected: list[dict[str, Any]]) -> Group:
     """`rows`: those shown; `selected`: all of the op's rows (more under a limit), which the title's axes hold for."""
-    from spark_bench.report.model import record_backend
+    from spark_bench.report.model import deciding_check, record_backend
 
     fixed = {k: v for k, v in rows[0]["params"].items() if all(r["params"].get(k, object()) == v for r in selected)}
     timers = {(r.get("timing") or {}).get("timer") for r in rows} - {None, ""}
@@ -112,7 +112,7 @@ def _op_table(op: str, rows: list[dict[str, Any]], fastest: dict[tuple, float],
     cells = []
     for rec in rows:
         status = rec["status"]
-        check = rec.get("check") or {}
+        check = deciding_check(rec)  # a mismatch's failing numbers, not input set 0's passing ones
         timer = (rec.get("timing") or {}).get("timer", "") if shared_timer is None else ""
         own_weights = "" if shared_weights else rec.get("weights")  # not already in the title
         labels = ", ".join(x for x in [timer, *rec.get("labels", []), own_weights] if x)

@@ -205,7 +205,8 @@ class CaseRunner:
                                    backend=case.backend)
             del out, call_inputs
             if not result["ok"]:
-                record["check"]["input_sets"] = {"checked": i + 1, "failed": i, "err_ratio": result.get("err_ratio")}
+                record["check"]["input_sets"] = {"checked": i + 1, "failed": i,
+                                                 **{k: result.get(k) for k in ("err_ratio", "max_abs", "cosine")}}
                 record.update(status="mismatch", error=f"right on input set 0, wrong on input set {i} of {len(sets)} "
                                                        f"(rotated: {', '.join(op.rotate)}): {result['message']}")
                 return False

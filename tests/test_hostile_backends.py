@@ -64,6 +64,27 @@ def test_the_check_still_passes_good_backends_and_the_fp64_reference(hostile_reg
         assert rec["status"] == "ok", (backend, rec["error"])
 
 
+def _shows_the_failing_numbers(rec, failed):
+    """A mismatch that passed input set 0's check shows the failing check's error ratio (console, page, failure
+    text), not set 0's passing one."""
+    import io
+
+    from rich.console import Console
+
+    from spark_bench.console import fmt_num, results_table
+    from spark_bench.report.model import deciding_check, failure_text
+
+    tol = rec["check"]["tolerance"]["err_ratio"]
+    assert rec["check"]["err_ratio"] <= tol < failed["err_ratio"]  # set 0 passed; the failing check did not
+    assert deciding_check(rec)["err_ratio"] == failed["err_ratio"] and not deciding_check(rec)["ok"]
+    assert f"err_ratio={failed['err_ratio']:.3g}" in failure_text(rec)
+    assert f"err_ratio={rec['check']['err_ratio']:.3g} " not in failure_text(rec)
+    buf = io.StringIO()
+    Console(file=buf, width=220).print(results_table([rec]))
+    row = next(line for line in buf.getvalue().splitlines() if "mismatch" in line)
+    assert f" {fmt_num(failed['err_ratio'], 2)} " in row and f" {fmt_num(rec['check']['err_ratio'], 2)} " not in row
+
+
 def test_the_checked_call_is_repeated_after_the_timing(hostile_registry):
     """A kernel right on its checked call and wrong on later ones (a scratch never reset) is a mismatch, its numbers
     dropped; one whose bits change within tolerance is labelled; a deterministic one (an in-place op too) is not."""
@@ -72,6 +93,7 @@ def test_the_checked_call_is_repeated_after_the_timing(hostile_registry):
     assert stale["error"].startswith("right when checked, wrong on the same inputs after its timing: output 0: error")
     assert stale["timing"] is None and stale["gbps"] is None and stale["recheck"]["discarded_median_us"] > 0
     assert stale["recheck"]["differ"] == ["0"] and not stale["recheck"]["identical"]
+    _shows_the_failing_numbers(stale, stale["recheck"])
 
     jitter = _run_case(hostile_registry, "hostile.check", "jitters")
     assert jitter["status"] == "ok" and "nondeterministic" in jitter["labels"], jitter["error"]
@@ -88,6 +110,7 @@ def test_every_rotated_input_set_is_checked_before_the_timing(hostile_registry):
     assert bad["status"] == "mismatch" and bad["timing"] is None, bad["error"]
     assert bad["error"].startswith("right on input set 0, wrong on input set 1 of 4 (rotated: x): output 0: error")
     assert bad["check"]["input_sets"]["failed"] == 1
+    _shows_the_failing_numbers(bad, bad["check"]["input_sets"])
     good = _run_case(hostile_registry, "hostile.rotating", "fine")
     assert good["status"] == "ok" and good["check"]["input_sets"] == {"checked": 4}, good["error"]
     assert good["timing"]["input_sets"] == 4

@@ -341,10 +341,25 @@ def problems(results: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
     return failed, list(skipped.values())
 
 
-def failure_text(r: dict[str, Any]) -> str:
-    """What went wrong, in one paragraph: the error, or for a mismatch the check's numbers against its tolerance."""
-    parts = [str(r["error"])] if r.get("error") else []
+def deciding_check(r: dict[str, Any]) -> dict[str, Any]:
+    """The check whose numbers a case shows: `check` (input set 0's), or, for a mismatch that passed it, the check
+    that failed: a rotated input set's (`check.input_sets`) or the recheck after timing (`recheck`)."""
     check = r.get("check") or {}
+    if r.get("status") != "mismatch" or check.get("ok") is False:
+        return check
+    sets, recheck = check.get("input_sets") or {}, r.get("recheck") or {}
+    failed = sets if "failed" in sets else recheck if recheck.get("ok") is False else None
+    if failed is None:
+        return check
+    numbers = {k: failed.get(k) for k in ("err_ratio", "max_abs", "cosine")}
+    return {**check, **numbers, "ok": False, "message": ""}  # set 0's message was its pass; `error` says the failure
+
+
+def failure_text(r: dict[str, Any]) -> str:
+    """What went wrong, in one paragraph: the error, or for a mismatch the failing check's numbers against its
+    tolerance."""
+    parts = [str(r["error"])] if r.get("error") else []
+    check = deciding_check(r)
     if r.get("status") == "mismatch" or check.get("ok") is False:
         tol = check.get("tolerance") or {}
         nums = [f"{k}={check[k]:.3g}" for k in ("err_ratio", "max_abs", "cosine") if is_number(check.get(k))]

@@ -10,6 +10,7 @@ from spark_bench.console import peak_mb
 from spark_bench.report.compare import CaseDiff
 from spark_bench.report.model import (
     RunData,
+    deciding_check,
     failure_text,
     natural_key,
     number,
@@ -62,7 +63,7 @@ def cases_table(runs: Sequence[RunData], baseline: str) -> dict[str, Any]:
                 r.get("op"), r.get("backend"), r.get("dtype"), params_text(r.get("params") or {}), r.get("status"),
                 med, number(t.get("p10")), number(t.get("p90")), 100 * iqr / med if iqr is not None and med else None,
                 t.get("n"), t.get("timer"), run.device_text, number(r.get("gbps")), number(r.get("tflops")),
-                *(pct or (None, None)), sp.get(id(r)), number((r.get("check") or {}).get("err_ratio")),
+                *(pct or (None, None)), sp.get(id(r)), number(deciding_check(r).get("err_ratio")),
                 energy * 1e6 if energy is not None else None, peak_mb(r), ", ".join(map(str, r.get("labels") or [])),
                 *([r.get("weights") or ""] if weights else []),
                 failure_text(r) if r.get("status") != "ok" else (r.get("error") or ""),
