@@ -62,12 +62,43 @@ def fmt_pct(value: float | None, digits: int = 3) -> str:
     return f"{fmt_num(value, digits)}%" if value is not None else "-"
 
 
+def rate_text(per_s: float, unit: str) -> str:
+    """A rate with an SI prefix and 3 significant digits: 1.46 GFLOP/s, 22.5 GB/s, 989 TFLOP/s (never '0 TF')."""
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if per_s >= scale:
+            return f"{fmt_num(per_s / scale)} {prefix}{unit}"
+    return f"{fmt_num(per_s)} {unit}"
+
+
 def latency_cell(rec: dict[str, Any]) -> str:
+    """'12.3 ±1.2%' (the median and its 95% CI's half-width); '†' marks a CI of under 6 samples, which is their range
+    (it covers the median less often); a graph median lost in the flush's noise reads '< resolution'."""
     t = rec.get("timing")
     if not t:
         return "-"
-    spread = f" ±{fmt_pct(100 * t['rel_ci'], 2)}" if t.get("rel_ci") is not None else ""
+    if t.get("median") == 0 and t.get("clamped_samples"):
+        return "< resolution"
+    level = t.get("ci_level")
+    range_only = "†" if isinstance(level, (int, float)) and level < 0.945 else ""
+    spread = f" ±{fmt_pct(100 * t['rel_ci'], 2)}{range_only}" if t.get("rel_ci") is not None else ""
     return f"{fmt_num(t['median'], 4)}{spread}"
+
+
+def legend(records: Sequence[dict[str, Any]]) -> str:
+    """What the tables' numbers are, in one line under them: measured (the median and its CI) or derived (GB/s and
+    TFLOP/s from the cost model; memory)."""
+    timed = [r for r in records if r.get("timing")]
+    if not timed:
+        return ""
+    parts = ["median ±: its 95% CI" + (" († under 6 samples: their range)" if any(
+        "†" in latency_cell(r) for r in timed) else "")]
+    if any(r.get("gbps") is not None for r in timed):
+        parts.append("GB/s, TFLOP/s: cost model's bytes, FLOPs / median, not measured traffic")
+    gpu = any(peak_mb(r, "device_peak_bytes") is not None for r in records)
+    if any(peak_mb(r) is not None for r in records):
+        parts.append("peak MB: GPU's peak allocation" if gpu else
+                     "peak MB: worker's peak RSS (torch, earlier cases included)")
+    return " · ".join(parts)
 
 
 COLUMNS = [("backend", "left"), ("params", "left"), ("dtype", "left"), ("status", "left"), ("median µs", "right"),
@@ -93,6 +124,8 @@ def results_table(records: Sequence[dict[str, Any]], title: str = "", limit: int
         parts.append(_op_table(op, list(rows), fastest, every_row[op]))
     if len(shown) > limit:
         parts.append(Text(f"{len(shown) - limit} more cases not shown (see the HTML report)", style="dim"))
+    if text := legend(shown[:limit]):
+        parts.append(Text(text, style="dim"))
     return Group(*parts)
 
 
@@ -164,19 +197,19 @@ def fastest_medians(records: Sequence[dict[str, Any]]) -> dict[tuple, float]:
     from spark_bench.report.model import NOT_A_CONTENDER
 
     best: dict[tuple, float] = {}
-    for rec in records:
-        median = _median(rec)
+    for rec in records:  # a median of 0 (below the graph timer's resolution) is the fastest: no ratio is claimed
+        median = _median(rec) or (0.0 if latency_cell(rec) == "< resolution" else None)
         if rec["status"] == "ok" and median is not None and rec["backend"] not in NOT_A_CONTENDER:
             key = _point(rec)
             best[key] = min(best.get(key, median), median)
     return best
 
 
-def peak_mb(rec: dict[str, Any]) -> float | None:
+def peak_mb(rec: dict[str, Any], of: str | None = None) -> float | None:
     """The case's peak memory in MB (`memory` of the record): the device peak on a GPU, else the worker's peak RSS
-    (a high-water mark that includes the worker's earlier cases); None when not recorded."""
+    (a high-water mark that includes the worker's earlier cases); None when not recorded. `of`: that key only."""
     mem = rec.get("memory") if isinstance(rec.get("memory"), dict) else {}
-    for key in ("device_peak_bytes", "rss_peak_bytes"):
+    for key in (of,) if of else ("device_peak_bytes", "rss_peak_bytes"):
         value = mem.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return value / 1e6

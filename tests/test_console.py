@@ -217,3 +217,26 @@ def test_roofline_column_names_the_nearest_roof_and_says_datasheet():
     assert "45.7% BW" in _row(text, "│ triton ") and "12.1% FLOP ds" in _row(text, "│ torch ")
     assert "0.000114% BW" in _row(text, "│ interp ")  # never '0%' for a real small value
     assert "roofline" not in _render([_rec("x.op", "torch", {"tokens": 4}, 3.0)])  # no peaks stored: no column
+
+
+def test_every_number_in_the_table_says_what_it_is():
+    """The legend under the tables: the CI behind ±, the cost model behind GB/s, what peak MB measured; a CI of under
+    6 samples is marked; a graph median lost in the flush's noise is below resolution and claims no ratio."""
+    few = _rec("x.op", "a", {"tokens": 4}, 20.0)
+    few["timing"].update(ci_level=0.75, rel_ci=0.3, n=3)
+    lost = _rec("x.op", "b", {"tokens": 4}, 0.0)
+    lost["timing"].update(clamped_samples=12, rel_ci=None)
+    slow = _rec("x.op", "c", {"tokens": 4}, 50.0)
+    for r in (few, lost, slow):
+        r.update(gbps=1.5, memory={"rss_peak_bytes": 433e6, "device_peak_bytes": None})  # as a CPU run stores it
+    text = _render([few, lost, slow])
+    assert _row(text, "│ a ")[3] == "20 ±30%†" and _row(text, "│ b ")[3] == "< resolution"
+    assert _row(text, "│ a ")[4] == "-" and _row(text, "│ c ")[4] == "-"  # nobody is "1": b may be the fastest
+    legend = text.strip().splitlines()[-1]
+    assert legend.startswith("median ±: its 95% CI († under 6 samples: their range)")
+    assert "GB/s, TFLOP/s: cost model's bytes, FLOPs / median, not measured traffic" in legend
+    assert "peak MB: worker's peak RSS" in legend
+    gpu = _rec("x.op", "a", {"tokens": 4}, 20.0)
+    gpu["memory"] = {"device_peak_bytes": 5e6}
+    legend = _render([gpu]).strip().splitlines()[-1]
+    assert legend == "median ±: its 95% CI · peak MB: GPU's peak allocation"

@@ -56,12 +56,19 @@ def test_chart_legends_say_which_backend_is_interpreted(tmp_path):
     assert "</span>triton (interpreted)</span>" in section  # the op's own legend line too
 
 
-def test_roofline_draws_the_dtypes_own_compute_roof_with_real_figures(tmp_path):
+def test_roofline_draws_the_ceiling_its_percentages_divide_by_with_real_figures(tmp_path):
+    """On this CPU bf16 matmuls run at 1.46 GFLOP/s and fp32 at 162: a bf16 op's ceiling is the fp32 rate (it may
+    compute in fp32), and the chart drew the bf16 peak while its % divided by fp32's (points 100x above the line)."""
     (run,) = load_runs([cpu_run(tmp_path)])
     fig = OpCharts("kda.gate", [run], palette(["triton", "torch", "torch_compile"])).roofline()
     roofs = [t for t in fig["data"] if t["name"].startswith("measured")]
-    assert [t["name"] for t in roofs] == ["measured bf16 roof: 22.5 GB/s, 1.46 GFLOP/s"]
-    assert max(roofs[0]["y"]) == 0.00146  # the bf16 peak, not fp32's 0.1615
+    assert [t["name"] for t in roofs] == ["measured bf16 roof at the fp32 rate: 22.5 GB/s, 162 GFLOP/s"]
+    assert max(roofs[0]["y"]) == 0.1615
+    from spark_bench.report.model import peaks
+    from spark_bench.telemetry.roofline import percent_of_peak
+
+    assert percent_of_peak(None, 0.1615, "bf16", run.run["roofline"])["pct_flops_measured"] == 100.0  # same ceiling
+    assert peaks(run.run, "bf16")["measured"]["tflops"] == 0.1615
     (run32,) = load_runs([cpu_run(tmp_path / "fp32", dtype="fp32")])
     fig32 = OpCharts("kda.gate", [run32], palette(["triton"])).roofline()
     assert [t["name"] for t in fig32["data"] if t["name"].startswith("measured")] == \

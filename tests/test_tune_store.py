@@ -67,6 +67,11 @@ def test_the_report_names_each_tuned_config_an_op_ran(tmp_path):
             {"op": "x.op", "config": {"test._k": {"B": 16, "num_warps": 4}}, "config_source": {"test._k": "default"}}]
     html = tuned_section([RunData(tmp_path, run, recs, label="r1")], _table, esc)
     assert "B=64,num_warps=8" in html and "1 of 2" in html and "2.000x" in html and "NVIDIA Test" in html
+    assert "tuned µs (geomean)" in html and "not this run" in html and "medians" in html
+    entry = table.data["kernels"]["test._k"][0]
+    entry.update(cases=7, labels=["interpreted"])  # how the tune timed it: said beside its times
+    html = tuned_section([RunData(tmp_path, run, recs, label="r1")], _table, esc)
+    assert '<td class="num">7</td>' in html and "<td>interpreted</td>" in html
     recs.append({"op": "x.op", "config": {"test._k": {"B": 64, "num_warps": 8}},
                  "config_source": {"test._k": "tuned-nearest"}})  # at a key the tune never timed
     html = tuned_section([RunData(tmp_path, run, recs, label="r1")], _table, esc)

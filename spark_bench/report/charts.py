@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from spark_bench.console import fmt_num, fmt_pct
+from spark_bench.console import fmt_num, fmt_pct, rate_text
 from spark_bench.report.compare import ratio_ci
 from spark_bench.report.model import (
     MAX_BOX_SAMPLES,
@@ -252,9 +252,9 @@ class OpCharts:
         return self._figure(f"Speedup over {self.baseline} (higher is better, bars: CI)",
                             f"× faster than {self.baseline}", traces, hline=1.0)
 
-    def throughput(self, key: str, title: str, unit: str) -> dict[str, Any] | None:
-        traces = self._lines(lambda r, ri: number(r.get(key)) or None, f"<b>%{{y:.4g}} {unit}</b>")
-        return self._figure(title, unit, traces)
+    def throughput(self, key: str, what: str, unit: str, counted: str) -> dict[str, Any] | None:
+        traces = self._lines(lambda r, ri: number(r.get(key)) or None, f"<b>%{{y:.4g}} {unit}</b>")  # derived
+        return self._figure(f"{what} ({unit}): the cost model's {counted} / median time", unit, traces)
 
     def energy(self) -> dict[str, Any] | None:
         joules = [number((r.get("power") or {}).get("energy_j_per_call")) for rs in self.groups.values() for r in rs]
@@ -296,9 +296,9 @@ class OpCharts:
                 })
         if not traces:
             return None
-        # each dtype's own compute roof: a bf16 op is drawn under the bf16 peak, not the fp32 one
+        # each dtype's compute ceiling, the one its % of roofline divides by (bf16's on a GPU, fp32's on most CPUs)
         dtypes = sorted({str(r.get("dtype")) for rs in self.groups.values() for r in rs})
-        roofs = [(run, d, p) for run in self.runs for d in dtypes for p in [peaks(run.run, d, own=True)]]
+        roofs = [(run, d, p) for run in self.runs for d in dtypes for p in [peaks(run.run, d)]]
         ridges = [q["tflops"] * 1000.0 / q["gbps"] for _, _, p in roofs for q in p.values()
                   if q.get("tflops") and q.get("gbps")]
         lo, hi = min(ais + ridges) / 3.0, max(ais + ridges) * 3.0  # the ridge point stays in view
@@ -309,7 +309,8 @@ class OpCharts:
                 if key not in seen:
                     seen.add(key)
                     suffix = f" · {run.label}" if len(self.runs) > 1 else ""
-                    what = f"{source} {d} roof" if q.get("tflops") else f"{source} roof"
+                    what = f"{source} {d} roof" + (f" at the {q['rate_of']} rate" if "rate_of" in q else "") \
+                        if q.get("tflops") else f"{source} roof"
                     traces.append(_roof_trace(q, lo, hi, f"{what}{suffix}", source))
         fig = {"data": traces, "layout": _layout("Roofline, all shapes (TFLOP/s vs FLOP/byte)",
                                                  "arithmetic intensity (FLOP / byte)", "TFLOP/s",
@@ -348,8 +349,8 @@ class OpCharts:
         figs = [self.latency(), self.speedup_chart()]
         if len(self.runs) > 1:
             figs.append(self.ratio_chart(verdicts or {}))
-        figs += [self.throughput("gbps", "Achieved bandwidth (GB/s)", "GB/s"),
-                 self.throughput("tflops", "Achieved compute (TFLOP/s)", "TFLOP/s"), self.roofline(), self.energy()]
+        figs += [self.throughput("gbps", "Bandwidth", "GB/s", "bytes"),
+                 self.throughput("tflops", "Compute", "TFLOP/s", "FLOPs"), self.roofline(), self.energy()]
         return [f for f in figs if f is not None]
 
     def box_layout(self) -> dict[str, Any]:
@@ -390,11 +391,3 @@ def _roof_trace(p: dict[str, float], lo: float, hi: float, name: str, source: st
     return {"type": "scatter", "mode": "lines", "name": ptext(f"{name}: {label}"), "x": xs, "y": ys,
             "hoverinfo": "name", "line": {"color": "#444", "width": 1.5, "dash": "solid" if source == "measured"
                                           else "dash"}}
-
-
-def rate_text(per_s: float, unit: str) -> str:
-    """A rate with an SI prefix and 3 significant digits: 1.46 GFLOP/s, 22.5 GB/s, 989 TFLOP/s (never '0 TF')."""
-    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if per_s >= scale:
-            return f"{fmt_num(per_s / scale)} {prefix}{unit}"
-    return f"{fmt_num(per_s)} {unit}"

@@ -206,19 +206,19 @@ def log_scale(values: Iterable[float]) -> bool:
 
 
 # --- roofline --------------------------------------------------------------------------------------------------------
-def peaks(run: dict[str, Any], dtype: str | None = None, own: bool = False) -> dict[str, dict[str, float]]:
+def peaks(run: dict[str, Any], dtype: str | None = None) -> dict[str, dict[str, Any]]:
     """{"measured"|"datasheet": {"gbps": .., "tflops": ..}} from run["roofline"], whichever are known.
 
     Accepted spellings: bandwidth as `gbps`/`bw_gbps`/`bandwidth_gbps` (GB/s) or `bytes_per_s`; compute as
     `tflops_<dtype>`/`tflops` (TFLOP/s, a number or a {dtype: number} map) or `flops_per_s`.
-    own: the dtype's own compute peak from a {dtype: number} map (the roof a chart draws for a bf16 op is the bf16
-    one), none when the map lacks the dtype; otherwise the ceiling `flops_peak` gives the percentages.
+    From a {dtype: number} map, the dtype's ceiling `flops_peak` gives (its own peak, or fp32's where that is higher,
+    as on CPUs without native bf16): the roof a chart draws and the one its percentages divide by are the same.
     """
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for source, d in ((run.get("roofline") or {}) or {}).items():
         if not isinstance(d, dict):
             continue
-        p: dict[str, float] = {}
+        p: dict[str, Any] = {}
         for k in ("gbps", "bw_gbps", "bandwidth_gbps"):
             if is_number(d.get(k)):
                 p["gbps"] = float(d[k])
@@ -228,11 +228,12 @@ def peaks(run: dict[str, Any], dtype: str | None = None, own: bool = False) -> d
                 p["gbps"] = float(d["bytes_per_s"]) / 1e9
         for k in (f"tflops_{dtype}", "tflops"):
             v = d.get(k)
-            if isinstance(v, dict) and own:
-                v = v.get(dtype)
-            elif isinstance(v, dict):
+            if isinstance(v, dict):
+                own = v.get(dtype)
                 v = (flops_peak(v, str(dtype)) if dtype in v
                      else max((x for x in v.values() if is_number(x)), default=None))
+                if is_number(own) and is_number(v) and v != own:
+                    p["rate_of"] = "fp32"  # a 16-bit dtype whose fp32 rate is the higher: the ceiling is that
             if is_number(v):
                 p["tflops"] = float(v)
                 break

@@ -33,10 +33,13 @@ def cases_table(runs: Sequence[RunData], baseline: str) -> dict[str, Any]:
     unit = time_unit([r for run in runs for r in run.results])
     columns = ([_col("run")] if multi else []) + [
         _col("op"), _col("backend"), _col("dtype"), _col("params", cls="code"), _col("status", tag="st"),
-        _col(f"median_{unit}", "median time per call"), _col(f"p10_{unit}"), _col(f"p90_{unit}"),
+        _col(f"median_{unit}", "median time per call (a cuda-graph median of 0: below the timer's resolution)"),
+        _col(f"p10_{unit}"), _col(f"p90_{unit}"),
         _col("rel_iqr_%", "interquartile range / median", sig=3), _col("n", "samples"), _col("timer"),
         _col("device", "where the case ran: a CPU's times are host code, never a GPU kernel's"),
-        _col("GB/s"), _col("TFLOP/s"), _col("roofline_%", "best fraction of a roof (see the summary)", sig=3),
+        _col("GB/s", "the cost model's minimum bytes / median time: not measured traffic"),
+        _col("TFLOP/s", "the cost model's FLOPs / median time"),
+        _col("roofline_%", "best fraction of a roof (see the summary)", sig=3),
         _col("roof", "which roof, and whether its peak was measured on this device or taken from the datasheet"),
         _col(f"x_{baseline}", f"speedup over {baseline}", sig=3), _col("err_ratio", "RMS(out-ref)/RMS(ref)"),
         _col("energy_uJ", "energy per call, measured on calls back to back without the L2 flush (warm L2, eager "

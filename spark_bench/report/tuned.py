@@ -24,7 +24,8 @@ def _fmt_config(config: dict[str, Any]) -> str:
 
 
 def rows(run: RunData) -> list[list[Any]]:
-    """[op, kernel, key, config, cases, tuned µs, default µs, speedup, measured] for each tuned config a case ran."""
+    """[op, kernel, key, config, cases, tune cases, tuned µs, default µs, speedup, labels, measured] for each tuned
+    config a case ran; the times are the tune's geometric means over its cases, not this run's medians."""
     table = ((run.run.get("spec") or {}).get("tuned") or {}).get("data") or {}
     entries = table.get("kernels") or {}
     out, seen = [], set()
@@ -36,9 +37,10 @@ def rows(run: RunData) -> list[list[Any]]:
                 if (rec["op"], kernel, str(entry["key"])) not in seen:
                     seen.add((rec["op"], kernel, str(entry["key"])))
                     out.append([rec["op"], kernel, _fmt_key(entry["key"]), _fmt_config(entry["config"]),
-                                _cases(run, rec["op"], kernel), entry.get("time_us"),
+                                _cases(run, rec["op"], kernel), entry.get("cases"), entry.get("time_us"),
                                 (entry.get("default") or {}).get("time_us"),
-                                f"{entry.get('speedup', 0):.3f}x", entry.get("measured") or ""])
+                                f"{entry.get('speedup', 0):.3f}x", ", ".join(entry.get("labels") or []),
+                                entry.get("measured") or ""])
     return sorted(out, key=lambda r: (r[0], r[1], r[2]))
 
 
@@ -73,9 +75,11 @@ def tuned_section(runs: Sequence[RunData], table_html, esc) -> str:
         body = rows(run)
         parts.append(f"<p>{esc(run.label)}: table {esc(tuned.get('path'))}, tuned on {esc(device)} "
                      f"(updated {esc(data.get('updated'))}). The times are the tune's, default against tuned "
-                     "config, not this run's.</p>")
-        parts.append(table_html(["op", "kernel", "key", "tuned config", "cases with it", "tuned µs", "default µs",
-                                 "speedup", "measured"], body) if body else
+                     "config: geometric means over its cases at the key (`tune cases`), not this run's medians; "
+                     "`tune labels` say how it timed them (e.g. interpreted).</p>")
+        parts.append(table_html(["op", "kernel", "key", "tuned config", "cases with it", "tune cases",
+                                 "tuned µs (geomean)", "default µs (geomean)", "speedup", "tune labels", "measured"],
+                                body) if body else
                      "<p>No case of this run launched a kernel the table holds: every config was the declared "
                      "default.</p>")
     if not parts:
