@@ -171,3 +171,18 @@ def test_a_case_run_on_a_weight_file_says_so_in_its_hover_and_row(tmp_path):
     assert table["columns"][-1]["name"] == "error"
     _, plain, _ = render(tmp_path, results[1:], name="plain")
     assert "weights" not in [c["name"] for c in plain["tables"]["cases"]["columns"]]  # no file, no column
+
+
+def test_a_hover_says_what_its_interval_is_and_why_a_median_is_zero(tmp_path):
+    rng = np.random.default_rng(0)
+    few, many, lost = (fx.case("kda.gate", "torch", {"tokens": t}, samples=fx.draw(rng, 5.0), dtype="bf16")
+                       for t in (1, 8, 64))
+    few["timing"] = fx.timing_of(np.array([5.0, 5.2, 5.9]))  # 3 samples: the "CI" is their range
+    lost["timing"].update(median=0.0, clamped_samples=11, notes=["11 of 20 samples were within the flush's noise "
+                                                                 "and stored as 0"])
+    _, data, _ = render(tmp_path, [few, many, lost])
+    hover = {h.split("tokens=")[1].split("<")[0].split()[0].strip(): h for h in data["hover"]}
+    assert "(range of 3 5–5.9)" in hover["1"] and "95% CI" not in hover["1"]
+    assert "(95% CI " in hover["8"] and "range of" not in hover["8"]
+    assert "median 0 µs (below the timer's resolution)" in hover["64"]
+    assert "timing notes: 11 of 20 samples were within the flush's noise and stored as 0" in hover["64"]

@@ -140,9 +140,12 @@ class OpCharts:
         med, iqr = t["median"], number(t.get("iqr"))
         unit = ptext(self.unit)
         g = {k: fmt_num(number(t.get(k)), 4) for k in ("p10", "p90", "ci_low", "ci_high")}  # '-': stored as null
-        ci = f" (CI {g['ci_low']}–{g['ci_high']})" if number(t.get("ci_low")) is not None else ""
+        level = number(t.get("ci_level"))
+        what = f"range of {fmt_num(number(t.get('n')))}" if level is not None and level < 0.945 else "95% CI"
+        ci = f" ({what} {g['ci_low']}–{g['ci_high']})" if number(t.get("ci_low")) is not None else ""
+        lost = " (below the timer's resolution)" if med == 0 and t.get("clamped_samples") else ""
         lines = [self._who(r, run_index),
-                 f"median {med:.4g} {unit}{ci}  p10 {g['p10']}  p90 {g['p90']}",
+                 f"median {med:.4g} {unit}{lost}{ci}  p10 {g['p10']}  p90 {g['p90']}",
                  f"IQR {fmt_num(iqr)}" + (f" ({fmt_pct(100 * iqr / med)})" if iqr is not None and med else "")
                  + f"  n={fmt_num(number(t.get('n')))}  timer {ptext(t.get('timer') or '?')}"
                  + f" on {ptext(self.runs[run_index].device_text)}"]
@@ -156,7 +159,8 @@ class OpCharts:
             w = number(power.get("avg_w"))
             lines.append(f"{power['energy_j_per_call'] * 1e6:.4g} µJ/call" + (f"  {w:.0f} W" if w is not None else "")
                          + f"  ({ptext(power.get('source', '?'))})")
-        extras = (("labels", ", ".join(map(str, r.get("labels") or []))), ("weights", r.get("weights")))
+        extras = (("labels", ", ".join(map(str, r.get("labels") or []))), ("weights", r.get("weights")),
+                  ("timing notes", "; ".join(map(str, t.get("notes") or []))))
         lines += [f"{k}: {ptext(v)}" for k, v in extras if v]
         return "<br>".join(lines)
 
