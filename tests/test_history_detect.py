@@ -72,7 +72,8 @@ def test_trend_of_two_runs_says_it_cannot_tell_the_noise(tmp_path):
     assert "2 points" in out and "too few timed points" in out and "noise ±" not in out  # not "±0.00%"
     code, out, err = run_cli("history", "check", "--db", tmp_path / "h.db", "--since", "2026-01-01")
     n = len(synthetic.cases())
-    assert code == 0 and f"({n} series; {n} of them with fewer than 3 timed points, which cannot show a step)" in out
+    assert code == 0 and f"({n} series, {n} with runs after it; {n} of them with fewer than 3 timed points, which " \
+        "cannot show a step)" in out
 
 
 @pytest.mark.parametrize("since, code", [

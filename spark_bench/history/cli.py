@@ -16,7 +16,7 @@ import click
 from rich.markup import escape
 
 from spark_bench.history import detect, gitinfo, query
-from spark_bench.history.gate import parse_age, regressions
+from spark_bench.history.gate import parse_age, regressions, threshold_text
 from spark_bench.history.ingest import add_runs
 from spark_bench.history.store import DEFAULT_DB, HistoryError, connect
 from spark_bench.options import SparkGroup
@@ -303,26 +303,37 @@ def check_cmd(since, ops, backends, db, fingerprint, branch, threshold, repo, as
         all_s = _series(con, ops, backends, (), (), fingerprint, branch, thr)
     if not all_s:
         raise HistoryError("no stored case matches the selection (see `spark-bench history list`)")
-    found = regressions(all_s, since, repo_path)
+    gate = regressions(all_s, since, repo_path)
+    found = gate.found
+
+    def newest(s):  # (status, error) of the newest run of the newest commit: what a 'broken' verdict is about
+        return (s.points[-1].newest or (s.points[-1].status, s.points[-1].error, None))[:2]
+
     if as_json:
         click.echo(json.dumps([{"op": s.case.op, "backend": s.case.backend, "dtype": s.case.dtype,
-                                "params": s.case.params, "fingerprint_id": s.fingerprint_id, "verdict": v,
-                                **(st.to_dict() if st else {"status": s.points[-1].status,
-                                                            "error": s.points[-1].error})}
+                                "params": s.case.params, "fingerprint_id": s.fingerprint_id, "device": s.device,
+                                "unit": s.unit, "verdict": v,
+                                **(st.to_dict() if st else dict(zip(("status", "error"), newest(s), strict=True)))}
                                for s, v, st in found], indent=1))
     else:
         out = console(stderr=bool(found))
+        unplaced = sorted({f"{s.device} [{s.fingerprint_id}]" for s in gate.unplaced})
+        if unplaced:  # never silently passed: said on stderr, whatever the verdict
+            console(stderr=True).print(
+                f"note: {len(gate.unplaced)} series not checked: {escape(', '.join(unplaced))} never ran "
+                f"{escape(since)} and the repository does not place it (give a date, or --fingerprint)")
         if not found:
-            short = sum(s.sigma is None for s in all_s)  # find_steps needs 3 timed points
+            checked = len(all_s) - len(gate.unplaced)
+            short = sum(s.sigma is None for s in all_s if s not in gate.unplaced)  # find_steps needs 3 timed points
             unchecked = (f"; {short} of them with fewer than 3 timed points, which cannot show a step"
                          if short else "")
-            out.print(f"history check: no case stepped slower than {thr:.0%} since {escape(since)} "
-                      f"({len(all_s)} series{unchecked})")
+            out.print(f"history check: no case stepped slower than {threshold_text(thr)} since {escape(since)} "
+                      f"({checked} series, {gate.in_window} with runs after it{unchecked})", soft_wrap=True)
         else:
             out.print(f"[bold red]REGRESSED[/]: {len(found)} case(s) since {escape(since)}")
             for s, v, st in found:
-                out.print(f"  {escape(s.case.label)} on {escape(s.device)}: {v}"
-                          + ("" if st else f" ({escape(s.points[-1].status)}: {escape(s.points[-1].error or '')})"))
+                out.print(f"  {escape(s.case.label)} on {escape(s.device)} [{escape(s.fingerprint_id)}]: {v}"
+                          + ("" if st else " ({}: {})".format(*(escape(x or "") for x in newest(s)))))
                 if st is not None:
                     _print_step(out, s, st)
     if found:

@@ -53,6 +53,7 @@ class Point:
     error: str | None = None
     created: str | None = None  # when the first of its runs was made
     timers: tuple[str, ...] = ()  # the timers of its passing runs (`--timer auto` picks one per run)
+    newest: tuple[str, str | None, str | None] | None = None  # (status, error, created) of its newest run
 
     @property
     def label(self) -> str:
@@ -129,7 +130,8 @@ def points_of(rows: Sequence[dict[str, Any]]) -> list[Point]:
                          n=sum(int(r["n"] or 0) for r in ok), dirty=any(r["dirty"] for r in rs),
                          branch=first.get("branch"), error=None if ok else rs[-1].get("error"),
                          created=min((r["created"] for r in rs if r["created"]), default=None),
-                         timers=tuple(sorted({r["timer"] for r in ok if r.get("timer")}))))
+                         timers=tuple(sorted({r["timer"] for r in ok if r.get("timer")})),
+                         newest=(rs[-1]["status"], rs[-1].get("error"), rs[-1]["created"])))  # rows: oldest first
     return out
 
 

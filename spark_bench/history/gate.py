@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
 from collections.abc import Sequence
@@ -14,13 +15,26 @@ from spark_bench.history.store import HistoryError
 DATE = re.compile(r"^\d{4}-\d{2}-\d{2}([T ][0-9:]+(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?$")
 
 
+def threshold_text(fraction: float) -> str:
+    """A threshold as given: 2.5%, 0.4%, 5% (not rounded to whole percent)."""
+    return f"{100 * fraction:.3g}%"
+
+
+def since_date(since: str) -> str | None:
+    """`--since` as a UTC timestamp when it is a date (midnight UTC for a bare day), None when it is a commit."""
+    if not DATE.match(since):
+        return None
+    when = gitinfo.utc(since if "T" in since or " " in since else since + "T00:00:00+00:00")
+    if when is None:
+        raise HistoryError(f"--since {since!r} is not a valid date")
+    return when
+
+
 def since_index(s: detect.Series, since: str, repo: Path | None) -> int:
     """Index of the first point after `since`: a commit (exclusive, as in `git log SINCE..`), or a date (inclusive;
     the first point whose first run was made on or after it, whatever its commit's age)."""
-    if DATE.match(since):
-        when = gitinfo.utc(since if "T" in since or " " in since else since + "T00:00:00+00:00")
-        if when is None:
-            raise HistoryError(f"--since {since!r} is not a valid date")
+    when = since_date(since)
+    if when is not None:
         return next((i for i, p in enumerate(s.points) if (p.created or p.time or "") >= when), len(s.points))
     if len(since) < 4:  # '' is a prefix of every commit; git itself wants 4 hex digits
         raise HistoryError(f"--since {since!r}: give at least 4 characters of a commit, or a date YYYY-MM-DD")
@@ -37,29 +51,55 @@ def since_index(s: detect.Series, since: str, repo: Path | None) -> int:
     return next((i for i, p in enumerate(s.points) if (p.time or "") > when), len(s.points))
 
 
-def regressions(series: Sequence[detect.Series], since: str,
-                repo: Path | None) -> list[tuple[detect.Series, str, detect.Step | None]]:
-    """(series, 'slower' | 'broken', step) for every case that regressed after `since`; the suspects of each step
-    are filled in from the repository. HistoryError when no series knows `since`."""
-    found: list[tuple[detect.Series, str, detect.Step | None]] = []
-    known = False
+@dataclasses.dataclass
+class GateResult:
+    """What `history check` found: the regressions, and what it could not check (said, never silently passed)."""
+
+    found: list[tuple[detect.Series, str, detect.Step | None]]
+    unplaced: list[detect.Series]  # series whose fingerprint never ran SINCE (and the repository does not know it)
+    in_window: int  # series with a point (or, for a date, a run) after SINCE
+
+
+def _broken(s: detect.Series, since: str, start: int, when: str | None) -> bool:
+    """The newest run of the series' newest commit fails where an earlier run passed, and that run is after SINCE:
+    made on or after the date, or of a commit after SINCE (or of SINCE itself: a re-run of the last checked commit
+    that fails tonight is a failure now). A point is `ok` when any of its runs passed, so a failed re-run of a
+    commit that passed before is read from its newest run, not from the point."""
+    if not s.points or s.points[-1].newest is None:
+        return False
+    last = s.points[-1]
+    status, _, created = last.newest
+    if status in ("ok", "skipped"):
+        return False
+    passed_before = last.status == "ok" or any(p.status == "ok" for p in s.points[:-1])
+    new = (created or "") >= when if when else start < len(s.points) or bool(last.commit and
+                                                                             last.commit.startswith(since))
+    return passed_before and new
+
+
+def regressions(series: Sequence[detect.Series], since: str, repo: Path | None) -> GateResult:
+    """Every case that regressed after `since`: 'slower' (a step whose first slower point is after a commit SINCE,
+    or was first measured on or after a date SINCE) or 'broken' (_broken); each step's suspects are filled in from
+    the repository. HistoryError when no series knows `since`."""
+    result, when = GateResult([], [], 0), since_date(since)
     for s in series:
         try:
             start = since_index(s, since, repo)
-            known = True
         except HistoryError:
-            continue  # this fingerprint never ran that commit; another may have
+            result.unplaced.append(s)  # this fingerprint never ran that commit; another may have
+            continue
+        newest = max((p.newest[2] or "" for p in s.points if p.newest), default="")
+        result.in_window += (newest >= when) if when else start < len(s.points)
         for st in s.steps:
-            if st.index >= start and st.direction == "slower":
+            new = (st.first_bad.created or st.first_bad.time or "") >= when if when else st.index >= start
+            if new and st.direction == "slower":
                 st.suspects = gitinfo.log_range(repo, st.last_good.commit, st.first_bad.commit)
-                found.append((s, "slower", st))
-        pts = s.points
-        was_ok = any(p.status == "ok" for p in pts[:start])
-        if pts and start < len(pts) and was_ok and pts[-1].status not in ("ok", "skipped"):
-            found.append((s, "broken", None))
-    if series and not known:
+                result.found.append((s, "slower", st))
+        if _broken(s, since, start, when):
+            result.found.append((s, "broken", None))
+    if series and len(result.unplaced) == len(series):
         since_index(series[0], since, repo)  # raises the one-line error
-    return found
+    return result
 
 
 def parse_age(text: str) -> str:
