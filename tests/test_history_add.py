@@ -5,6 +5,7 @@ first, never in its place; the same run resumed replaces its copy."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 import sqlite3
 
@@ -104,7 +105,26 @@ def test_another_run_reusing_an_id_is_kept_beside_the_first(tmp_path):
         run_id)) == {"added": 0, "replaced": 0, "unchanged": 2}
     assert seen == ["nightly@20261202T020000", "nightly@20261201T020000"]  # the ids they are stored under
     code, out, _ = run_cli("history", "show", "nightly@20261202", "--db", db)
-    assert code == 0 and "nightly" in out
+    assert code == 0 and out.startswith("nightly@20261202T020000 on NVIDIA H200")  # the id it is stored under
+    code, out, _ = run_cli("history", "show", "nightly@20261202", "--db", db, "--json")
+    shown = json.loads(out)
+    assert shown["stored_id"] == "nightly@20261202T020000" and shown["run"]["run_id"] == "nightly"
+
+
+def test_list_counts_a_killed_runs_failures_from_its_results(tmp_path):
+    """A run killed before its end has no summary in run.json: its failures were listed as 0."""
+    db = tmp_path / "h.db"
+    case = synthetic.SynthCase("kda.gate", "triton", {"tokens": 4096, "heads": 4}, 50.0)
+    killed = synthetic.write_run(tmp_path / "killed", [synthetic.record(case, None, status="mismatch", error="x")],
+                                 run_id="killed", commit=None, created=dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc))
+    run = json.loads((killed / "run.json").read_text())
+    (killed / "run.json").write_text(json.dumps({**run, "summary": None, "finished": None}))
+    add_runs(db, [killed])
+    code, out, _ = run_cli("history", "list", "--runs", "--db", db, "--json")
+    (row,) = json.loads(out)
+    assert code == 0 and row["failed"] == 1 and row["cases"] == 1
+    code, out, _ = run_cli("history", "list", "--runs", "--db", db)
+    assert "run at" in out and "2026-12-01T00:00:00+00:00" in out
 
 
 def test_the_same_run_resumed_replaces_its_copy_under_its_stored_id(tmp_path):

@@ -142,14 +142,12 @@ def list_cmd(db: Path, show_runs: bool, fingerprint: str | None, branch: str | N
     out = console()
     if show_runs or fingerprint:
         table = Table(title=f"{len(rows)} runs in {db}")
-        for col in ("run", "device", "branch", "commit", "when", "cases", "failed"):
+        for col in ("run", "device", "branch", "commit", "run at", "cases", "failed"):
             table.add_column(col)
         for r in rows:
-            failed = sum(v for k, v in (r["summary"] or {}).items() if k in ("mismatch", "error", "crash", "timeout",
-                                                                             "oom"))
             table.add_row(escape(r["run_id"]), escape(str(r["device"])), escape(r["branch"] or "-"),
-                          escape(_commit(r["commit"], r["dirty"])), escape(r["commit_time"] or r["created"] or "?"),
-                          str(r["cases"]), str(failed))
+                          escape(_commit(r["commit"], r["dirty"])), escape(r["created"] or "?"),
+                          str(r["cases"]), str(r["failed"]))
     else:
         table = Table(title=f"history {db}")
         for col in ("fingerprint", "device", "branch", "runs", "first", "last", "latest commit"):
@@ -179,13 +177,14 @@ def show_cmd(run_id: str, db: Path, failed: bool, as_json: bool) -> None:
     with opened(db) as con:
         stored = query.run(con, run_id)
     records = [r for r in stored["results"] if not failed or r.get("status") != "ok"]
-    if as_json:
-        click.echo(json.dumps({"run": stored["run"], "results": records}, default=str))
+    if as_json:  # stored_id: the id in this database (ID@<created> when another run held the run's own id)
+        click.echo(json.dumps({"stored_id": stored["stored_id"], "run": stored["run"], "results": records},
+                              default=str))
         return
     run, out = stored["run"], console()
     dev = (run.get("fingerprint") or {}).get("device") or {}
     git = (run.get("fingerprint") or {}).get("git") or {}
-    out.print(results_table(records, title=f"{run.get('run_id')} on {dev.get('name', '?')} ({dev.get('type', '?')}) "
+    out.print(results_table(records, title=f"{stored['stored_id']} on {dev.get('name', '?')} ({dev.get('type', '?')}) "
                                            f"at {_commit(git.get('commit'), git.get('dirty'))}"))
     fails = failures_table(records)
     if fails is not None:

@@ -59,16 +59,20 @@ def fingerprints(con: sqlite3.Connection, branch: str | None = None) -> list[dic
     return out
 
 
+FAILED = "'mismatch', 'error', 'crash', 'timeout', 'oom'"  # statuses that count as failed (not skipped)
+
+
 def runs(con: sqlite3.Connection, fingerprint: str | None = None, branch: str | None = None,
          limit: int | None = None) -> list[dict[str, Any]]:
     where, args = _run_filter(con, fingerprint, branch)
     rows = con.execute(
         f"""SELECT r.run_id, f.fingerprint_id, f.device_name, r.branch, r.git_commit, r.dirty, r.commit_time, r.created,
-                   r.finished, r.summary, (SELECT COUNT(*) FROM results x WHERE x.run_ref = r.id)
+                   r.finished, r.summary, (SELECT COUNT(*) FROM results x WHERE x.run_ref = r.id),
+                   (SELECT COUNT(*) FROM results x WHERE x.run_ref = r.id AND x.status IN ({FAILED}))
             FROM runs r JOIN fingerprints f ON f.id = r.fingerprint {where} ORDER BY {NEWEST_FIRST}
             {"LIMIT ?" if limit else ""}""", (*args, *((limit,) if limit else ()))).fetchall()
     keys = ("run_id", "fingerprint_id", "device", "branch", "commit", "dirty", "commit_time", "created", "finished",
-            "summary", "cases")
+            "summary", "cases", "failed")  # failed: from the stored results (a killed run has no summary)
     out = [dict(zip(keys, r, strict=True)) for r in rows]
     for r in out:
         r["summary"] = json.loads(r["summary"]) if r["summary"] else None
@@ -120,7 +124,7 @@ def run(con: sqlite3.Connection, ref: str) -> dict[str, Any]:
         data = samples.get(case_key(r))
         if data is not None and isinstance(r.get("timing"), dict):
             r["timing"]["samples"] = np.frombuffer(data, dtype="<f8").tolist()
-    return {"run": json.loads(zlib.decompress(blob)), "results": records}
+    return {"run": json.loads(zlib.decompress(blob)), "results": records, "stored_id": rows[0][1]}
 
 
 def select_cases(con: sqlite3.Connection, ops: Sequence[str] = (), backends: Sequence[str] = (),
