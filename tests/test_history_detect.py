@@ -49,7 +49,7 @@ def test_the_injected_step_is_found_at_its_commit_and_nowhere_else(hist):
         assert step["last_good_commit"] == hist["shas"][STEP_AT - 1]
         assert step["first_bad_runs"] == [hist["runs"][STEP_AT].name]
         assert abs(step["ratio"] - FACTOR) < 0.03 and step["confidence"] > 0.999
-        assert step["runs_before"] == STEP_AT and step["runs_after"] == 30 - STEP_AT
+        assert step["points_before"] == STEP_AT and step["points_after"] == 30 - STEP_AT
         assert step["suspects"] == [f"{hist['shas'][STEP_AT][:7]} dev: change {STEP_AT}"]  # git log good..bad
 
 
@@ -116,7 +116,7 @@ def test_a_regression_in_todays_run_alone_fails_the_gate(tmp_path):
     code, out, err = run_cli("history", "check", "--db", db, "--since", f"{18:040x}", "--json")
     assert code == 1, out + err
     (found,) = json.loads(out)  # the improvement on case 5 is no regression
-    assert found["op"] == "kda.gate" and found["backend"] == "triton" and found["runs_after"] == 1
+    assert found["op"] == "kda.gate" and found["backend"] == "triton" and found["points_after"] == 1
     assert found["suspects"] is None  # no repository knows these commits
     for since, needle in (("", "at least 4 characters"), ("000", "at least 4 characters"),
                           ("0000", "is ambiguous: 000000000000"), (f"{1:039x}", "is ambiguous")):

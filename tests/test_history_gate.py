@@ -74,3 +74,39 @@ def test_series_that_cannot_place_the_since_commit_are_said_not_skipped(tmp_path
     n = len(synthetic.cases())
     assert f"note: {n} series not checked: NVIDIA H100 [fp-h100] never ran {COMMITS[3]}" in err
     assert "no case stepped slower than 2.5% since" in out and f"({n} series, {n} with runs after it" in out
+
+
+def test_a_step_says_why_it_may_not_be_the_codes_and_how_many_suspects_it_cut():
+    from spark_bench.history.detect import Point, Step
+
+    def point(commit, dirty=False, timers=("cuda-graph",)):
+        return Point(commit=commit, time=None, run_ids=["r"], status="ok", median=1.0, ci_low=1.0, ci_high=1.0, n=5,
+                     dirty=dirty, timers=timers)
+
+    st = Step(index=3, last_good=point("a" * 40), first_bad=point("b" * 40, dirty=True, timers=("cuda-event",)),
+              before=1.0, after=1.2, ratio=1.2, p_value=1e-4, n_before=3, n_after=2,
+              suspects=[f"dev: change {i}" for i in range(25)])
+    assert st.cautions() == [
+        "the timer changed at this step (cuda-graph -> cuda-event): maybe the measurement's step; re-run both commits "
+        "with one --timer to tell",
+        "bbbbbbbbbb (dirty) had uncommitted changes: the step may be in code no commit holds"]
+    shown = st.suspects_shown(20)
+    assert len(shown) == 21 and shown[-1] == "... 5 more: git log aaaaaaaaaa..bbbbbbbbbb"
+    d = st.to_dict()
+    assert d["points_before"] == 3 and d["points_after"] == 2 and d["first_bad_dirty"] and not d["last_good_dirty"]
+    assert "runs_before" not in d  # they count commits, not runs
+
+
+def test_trend_gives_each_points_timer_and_a_failed_points_error(tmp_path):
+    db = tmp_path / "h.db"
+    add_runs(db, synthetic.write_history(tmp_path / "runs", COMMITS[:4]))
+    add_runs(db, [synthetic.write_run(tmp_path / "bad", _records("mismatch"), run_id="bad", commit=COMMITS[4],
+                                      created=synthetic.START + dt.timedelta(days=9))])
+    c = synthetic.cases()[0]
+    sets = [a for k, v in c.params.items() for a in ("--set", f"{k}={v}")]
+    code, out, _ = run_cli("history", "trend", "--db", db, "--op", c.op, "--backend", c.backend, *sets, "--json")
+    (series,) = json.loads(out)
+    assert code == 0 and [p["timers"] for p in series["points"][:4]] == [["cuda-event"]] * 4
+    assert series["points"][4]["status"] == "mismatch" and "outputs differ" in series["points"][4]["error"]
+    code, out, _ = run_cli("history", "trend", "--db", db, "--op", c.op, "--backend", c.backend, *sets)
+    assert "timer" in out and out.count("cuda-event") >= 4

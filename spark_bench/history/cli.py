@@ -240,7 +240,7 @@ def trend_cmd(ops, backends, sets, dtypes, db, fingerprint, branch, threshold, l
         table = Table(title=f"{escape(s.case.label)} on {escape(s.device)} ({s.fingerprint_id}): {len(s.points)} "
                             f"points, " + (f"noise ±{s.sigma * 100:.2f}%" if s.sigma is not None else
                                            "too few timed points to estimate noise or find steps (3 needed)"))
-        for col in ("#", "commit", "when", "runs", "status", f"median {s.unit}", "95% CI", "n", "step"):
+        for col in ("#", "commit", "when", "runs", "status", f"median {s.unit}", "95% CI", "n", "timer", "step"):
             table.add_column(col, justify="right" if col in ("#", "n") or col.startswith("median") else "left")
         first = max(0, len(s.points) - last) if last else 0
         if first:
@@ -252,7 +252,8 @@ def trend_cmd(ops, backends, sets, dtypes, db, fingerprint, branch, threshold, l
             mark = (f"[{'red' if st.direction == 'slower' else 'green'}]{st.direction} "
                     f"{(st.ratio - 1) * 100:+.1f}% (conf {st.confidence:.3f})[/]") if st else ""
             table.add_row(str(i), escape(p.label), escape(p.time or "?"), str(len(p.run_ids)), escape(p.status),
-                          _num(p.median), f"{_num(p.ci_low)}–{_num(p.ci_high)}" if p.median else "", str(p.n), mark)
+                          _num(p.median), f"{_num(p.ci_low)}–{_num(p.ci_high)}" if p.median else "", str(p.n),
+                          escape("/".join(p.timers) or "-"), mark)
         out.print(table)
         for st in s.steps:
             _print_step(out, s, st)
@@ -263,13 +264,11 @@ def _num(v: float | None) -> str:
 
 
 def _print_step(out, s: detect.Series, st: detect.Step) -> None:
-    out.print(f"  step {st.direction} {(st.ratio - 1) * 100:+.1f}% ({_num(st.before)} → {_num(st.after)} {s.unit}, "
-              f"confidence {st.confidence:.4f}) between {escape(st.last_good.label)} and "
-              f"{escape(st.first_bad.label)} (first run after: {escape(st.first_bad.run_ids[0])})", markup=True)
-    if st.timer_change:
-        out.print(f"    the timer changed at this step ({escape(st.timer_change)}): maybe the measurement's step; "
-                  "re-run both commits with one --timer to tell")
-    for line in (st.suspects or [])[:20]:
+    out.print(f"  step {st.direction} {(st.ratio - 1) * 100:+.1f}% ({_num(st.before)} → {_num(st.after)} {s.unit} "
+              f"median per call, geometric means of {st.n_before} and {st.n_after} commits; confidence "
+              f"{st.confidence:.4f}) between {escape(st.last_good.label)} and {escape(st.first_bad.label)} (first "
+              f"run after: {escape(st.first_bad.run_ids[0])})", markup=True)
+    for line in [*st.cautions(), *st.suspects_shown(20)]:
         out.print(f"    {escape(line)}")
 
 
@@ -277,7 +276,8 @@ def _series_json(s: detect.Series) -> dict[str, Any]:
     return {"op": s.case.op, "backend": s.case.backend, "dtype": s.case.dtype, "params": s.case.params,
             "fingerprint_id": s.fingerprint_id, "device": s.device, "unit": s.unit, "noise": s.sigma,
             "points": [{"commit": p.commit, "time": p.time, "runs": p.run_ids, "status": p.status, "median": p.median,
-                        "ci_low": p.ci_low, "ci_high": p.ci_high, "n": p.n, "dirty": p.dirty} for p in s.points],
+                        "ci_low": p.ci_low, "ci_high": p.ci_high, "n": p.n, "dirty": p.dirty, "timers": p.timers,
+                        "error": p.error} for p in s.points],
             "steps": [{"index": st.index, **st.to_dict()} for st in s.steps]}
 
 

@@ -90,13 +90,30 @@ class Step:
             return None
         return f"{'/'.join(before)} -> {'/'.join(after)}"
 
+    def cautions(self) -> list[str]:
+        """Why the step may not be the code's: another timer either side, or uncommitted changes at either end."""
+        out = [f"the timer changed at this step ({self.timer_change}): maybe the measurement's step; re-run both "
+               "commits with one --timer to tell"] if self.timer_change else []
+        dirty = [p.label for p in (self.last_good, self.first_bad) if p.dirty]
+        if dirty:
+            out.append(f"{' and '.join(dirty)} had uncommitted changes: the step may be in code no commit holds")
+        return out
+
+    def suspects_shown(self, most: int) -> list[str]:
+        """The first `most` suspects, and a last line saying how many more `git log` lists."""
+        s = self.suspects or []
+        return s[:most] + ([f"... {len(s) - most} more: git log {self.last_good.label[:10]}.."
+                            f"{self.first_bad.label[:10]}"] if len(s) > most else [])
+
     def to_dict(self) -> dict[str, Any]:
+        """points_before/after: the commits (points: a commit's runs merged) either side, not runs."""
         return {"direction": self.direction, "ratio": self.ratio, "change_pct": (self.ratio - 1) * 100,
                 "confidence": self.confidence, "p_value": self.p_value, "before": self.before, "after": self.after,
-                "runs_before": self.n_before, "runs_after": self.n_after, "last_good_commit": self.last_good.commit,
-                "first_bad_commit": self.first_bad.commit, "first_bad_time": self.first_bad.time,
-                "first_bad_runs": self.first_bad.run_ids, "suspects": self.suspects,
-                "timer_change": self.timer_change}
+                "points_before": self.n_before, "points_after": self.n_after,
+                "last_good_commit": self.last_good.commit, "last_good_dirty": self.last_good.dirty,
+                "first_bad_commit": self.first_bad.commit, "first_bad_dirty": self.first_bad.dirty,
+                "first_bad_time": self.first_bad.time, "first_bad_runs": self.first_bad.run_ids,
+                "suspects": self.suspects, "timer_change": self.timer_change, "cautions": self.cautions()}
 
 
 @dataclasses.dataclass

@@ -49,7 +49,8 @@ def steps_table(series: Sequence[Series]) -> dict[str, Any]:
                col("suspects", "git log last_good..first_bad", cls="err")]
     found: list[tuple[Series, Step]] = [(s, st) for s in series for st in s.steps]
     found.sort(key=lambda x: (x[1].direction != "slower", -abs(x[1].ratio - 1)))
-    rows = [[st.direction, s.case.op, s.case.backend, s.case.dtype, s.case.params_text, s.device,
+    rows = [[st.direction, s.case.op, s.case.backend, s.case.dtype, s.case.params_text,
+             f"{s.device} [{s.fingerprint_id}]",
              (st.ratio - 1) * 100, st.before, st.after, s.unit, st.confidence, st.last_good.label,
              st.first_bad.label, st.first_bad.time, st.first_bad.run_ids[0], st.timer_change or "",
              "\n".join(st.suspects) if st.suspects else ("" if st.suspects is not None else "(no repository)")]
@@ -63,7 +64,8 @@ def _hover(s: Series, i: int) -> str:
     lines = [f"<b>{ptext(s.case.backend)}</b> {ptext(s.case.params_text)} {ptext(s.case.dtype)}",
              f"commit {ptext(p.label)} · {ptext(p.time or '?')}", f"run {ptext(runs)}"]
     if p.median is not None:
-        lines.append(f"median {p.median:.4g} {ptext(s.unit)} (CI {p.ci_low or 0:.4g}–{p.ci_high or 0:.4g}) · n {p.n}")
+        lines.append(f"median {p.median:.4g} {ptext(s.unit)} (CI {p.ci_low or 0:.4g}–{p.ci_high or 0:.4g}) · n {p.n}"
+                     f" · timer {ptext('/'.join(p.timers) or '?')}")
     else:
         lines.append(f"status {ptext(p.status)}" + (f": {ptext((p.error or '')[:160])}" if p.error else ""))
     return "<br>".join(lines)
@@ -131,7 +133,8 @@ class TrendFigure:
             self.hovers.extend(f"<b>{direction} {(st.ratio - 1) * 100:+.1f}%</b> ({st.before:.4g} → {st.after:.4g} "
                                f"{ptext(s.unit)}), confidence {st.confidence:.4f}<br>between "
                                f"{ptext(st.last_good.label)} and {ptext(st.first_bad.label)}<br>"
-                               + "<br>".join(ptext(x) for x in (st.suspects or [])[:8]) for st in marks)
+                               + "<br>".join(ptext(x) for x in [*st.cautions(), *st.suspects_shown(8)])
+                               for st in marks)
             traces.append({"type": "scatter", "mode": "markers", "name": f"{name} {direction}", "legendgroup": name,
                            "x": [_x(st.first_bad.time) for st in marks], "y": [st.first_bad.median for st in marks],
                            "marker": {"symbol": "triangle-up" if direction == "slower" else "triangle-down",
