@@ -72,9 +72,10 @@ def _broken(s: detect.Series, since: str, start: int, when: str | None) -> bool:
     if status in ("ok", "skipped"):
         return False
     passed_before = last.status == "ok" or any(p.status == "ok" for p in s.points[:-1])
-    new = (created or "") >= when if when else start < len(s.points) or bool(last.commit and
-                                                                             last.commit.startswith(since))
-    return passed_before and new
+    if when:
+        return passed_before and (created or "") >= when
+    of_since = bool(last.commit and last.commit.startswith(since))
+    return passed_before and (start < len(s.points) or of_since)
 
 
 def regressions(series: Sequence[detect.Series], since: str, repo: Path | None) -> GateResult:
