@@ -70,16 +70,27 @@ def rate_text(per_s: float, unit: str) -> str:
     return f"{fmt_num(per_s)} {unit}"
 
 
+def ci_is_range(timing: dict) -> bool:
+    """A stored timing whose "CI" is its samples' range (under stats.MIN_CI_SAMPLES = 6 samples: it covers the
+    median less often than 95%, e.g. 75% at 3 samples), by its recorded `ci_level`."""
+    level = timing.get("ci_level")
+    return isinstance(level, (int, float)) and level < 0.945  # 6+ samples: >= 0.95; 5: 0.938
+
+
+def below_resolution(timing: dict) -> bool:
+    """A cuda-graph median of 0: the call was lost in the flush's noise (samples clamped to 0), not free."""
+    return timing.get("median") == 0 and bool(timing.get("clamped_samples"))
+
+
 def latency_cell(rec: dict[str, Any]) -> str:
     """'12.3 ±1.2%' (the median and its 95% CI's half-width); '†' marks a CI of under 6 samples, which is their range
     (it covers the median less often); a graph median lost in the flush's noise reads '< resolution'."""
     t = rec.get("timing")
     if not t:
         return "-"
-    if t.get("median") == 0 and t.get("clamped_samples"):
+    if below_resolution(t):
         return "< resolution"
-    level = t.get("ci_level")
-    range_only = "†" if isinstance(level, (int, float)) and level < 0.945 else ""
+    range_only = "†" if ci_is_range(t) else ""
     spread = f" ±{fmt_pct(100 * t['rel_ci'], 2)}{range_only}" if t.get("rel_ci") is not None else ""
     return f"{fmt_num(t['median'], 4)}{spread}"
 
@@ -91,7 +102,7 @@ def legend(records: Sequence[dict[str, Any]]) -> str:
     if not timed:
         return ""
     parts = ["median ±: its 95% CI" + (" († under 6 samples: their range)" if any(
-        "†" in latency_cell(r) for r in timed) else "")]
+        ci_is_range(r["timing"]) for r in timed) else "")]
     if any(r.get("gbps") is not None for r in timed):
         parts.append("GB/s, TFLOP/s: cost model's bytes, FLOPs / median, not measured traffic")
     gpu = any(peak_mb(r, "device_peak_bytes") is not None for r in records)
@@ -198,7 +209,7 @@ def fastest_medians(records: Sequence[dict[str, Any]]) -> dict[tuple, float]:
 
     best: dict[tuple, float] = {}
     for rec in records:  # a median of 0 (below the graph timer's resolution) is the fastest: no ratio is claimed
-        median = _median(rec) or (0.0 if latency_cell(rec) == "< resolution" else None)
+        median = _median(rec) or (0.0 if below_resolution(rec.get("timing") or {}) else None)
         if rec["status"] == "ok" and median is not None and rec["backend"] not in NOT_A_CONTENDER:
             key = _point(rec)
             best[key] = min(best.get(key, median), median)

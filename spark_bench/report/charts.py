@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from spark_bench.console import fmt_num, fmt_pct, rate_text
+from spark_bench.console import below_resolution, ci_is_range, fmt_num, fmt_pct, rate_text
 from spark_bench.report.compare import ratio_ci
 from spark_bench.report.model import (
     MAX_BOX_SAMPLES,
@@ -140,10 +140,9 @@ class OpCharts:
         med, iqr = t["median"], number(t.get("iqr"))
         unit = ptext(self.unit)
         g = {k: fmt_num(number(t.get(k)), 4) for k in ("p10", "p90", "ci_low", "ci_high")}  # '-': stored as null
-        level = number(t.get("ci_level"))
-        what = f"range of {fmt_num(number(t.get('n')))}" if level is not None and level < 0.945 else "95% CI"
+        what = f"range of {fmt_num(number(t.get('n')))}" if ci_is_range(t) else "95% CI"
         ci = f" ({what} {g['ci_low']}–{g['ci_high']})" if number(t.get("ci_low")) is not None else ""
-        lost = " (below the timer's resolution)" if med == 0 and t.get("clamped_samples") else ""
+        lost = " (below the timer's resolution)" if below_resolution(t) else ""
         lines = [self._who(r, run_index),
                  f"median {med:.4g} {unit}{lost}{ci}  p10 {g['p10']}  p90 {g['p90']}",
                  f"IQR {fmt_num(iqr)}" + (f" ({fmt_pct(100 * iqr / med)})" if iqr is not None and med else "")
