@@ -110,3 +110,16 @@ def test_trend_gives_each_points_timer_and_a_failed_points_error(tmp_path):
     assert series["points"][4]["status"] == "mismatch" and "outputs differ" in series["points"][4]["error"]
     code, out, _ = run_cli("history", "trend", "--db", db, "--op", c.op, "--backend", c.backend, *sets)
     assert "timer" in out and out.count("cuda-event") >= 4
+
+
+def test_the_trend_pages_links_tell_two_fingerprints_apart(tmp_path):
+    import re
+
+    db = tmp_path / "h.db"
+    add_runs(db, synthetic.write_history(tmp_path / "a", COMMITS[:4], case_list=synthetic.cases(ops=("kda.gate",))))
+    add_runs(db, synthetic.write_history(tmp_path / "b", COMMITS[4:8], case_list=synthetic.cases(ops=("kda.gate",)),
+                                         fingerprint_id="fp-h200-driver2"))
+    code, _, err = run_cli("history", "report", "--db", db, "-o", tmp_path / "t.html")
+    assert code == 0, err
+    links = re.findall(r'<a href="#trend-[^"]+">([^<]+)</a>', (tmp_path / "t.html").read_text())
+    assert sorted(links) == ["kda.gate · NVIDIA H200 fp-h200", "kda.gate · NVIDIA H200 fp-h200-driv"]

@@ -206,7 +206,8 @@ def render(series: Sequence[Series], db: str = "", threshold: float = 0.05, last
         else:
             controls = f"<div class='controls muted'>{esc(fig.label(fig.combos[0]))}</div>"
         anchor = f"trend-{_anchor(op)}-{_anchor(fid)}"
-        nav.append(f'<a href="#{anchor}">{esc(op)}</a>')
+        where = f" · {device} {fid[:12]}" if len(fps) > 1 else ""  # two fingerprints: two links per op, told apart
+        nav.append(f'<a href="#{anchor}">{esc(op + where)}</a>')
         steps = sum(len(s.steps) for s in ss)
         sections.append(f'<section id="{anchor}" class="trend"><h2>{esc(op)} <span class="muted">on {esc(device)} '
                         f'({esc(fid)}){f" · {steps} step(s)" if steps else ""}</span></h2>{controls}'
