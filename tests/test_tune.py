@@ -185,7 +185,7 @@ def test_no_entry_without_a_passing_default():
 
 
 def test_rounds_time_the_default_first_then_each_surviving_candidate_in_the_plan_order():
-    from spark_bench.tune.search import TuneSession
+    from spark_bench.tune.session import TuneSession
 
     plan = _plan([FAST, SLOW, WRONG], cases=2)
     plan["items"][0]["candidates"][1]["status"] = "pruned"  # SLOW pruned offline for case 0: never timed there
@@ -205,7 +205,7 @@ def test_rounds_time_the_default_first_then_each_surviving_candidate_in_the_plan
 
 
 def test_the_budget_cuts_a_round_to_what_the_remaining_time_covers():
-    from spark_bench.tune.search import TuneSession
+    from spark_bench.tune.session import TuneSession
 
     class Journal:
         def read_results(self):
@@ -219,7 +219,7 @@ def test_the_budget_cuts_a_round_to_what_the_remaining_time_covers():
 
 def test_a_killed_tunes_timing_counts_against_the_budget_of_its_resume():
     """spent_s is stored when an invocation ends: a killed one's cases are counted from the journal instead."""
-    from spark_bench.tune.search import TuneSession
+    from spark_bench.tune.session import TuneSession
 
     class Journal:
         def read_results(self):

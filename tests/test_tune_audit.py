@@ -114,7 +114,7 @@ def test_two_tunes_writing_one_table_at_once_keep_both_entries(tmp_path, monkeyp
     without a lock around that, the second to save drops the entries the first wrote."""
     import threading
 
-    from spark_bench.tune.search import TuneSession
+    from spark_bench.tune.session import TuneSession
 
     out = tmp_path / "tuned" / "t.json"
     run = {"fingerprint": {"device": DEVICE, "versions": {}}}

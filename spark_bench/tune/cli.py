@@ -71,7 +71,7 @@ def tune(ops, backends, preset, sets, dtypes, device, quick, full, seed, budget,
     from spark_bench.devices import check_device, default_device
     from spark_bench.executors import make_executor
     from spark_bench.kernelgate.targets import TARGETS
-    from spark_bench.tune.search import TuneSession
+    from spark_bench.tune.session import TuneSession
     from spark_bench.weights.cli import make_spec
 
     check_run_options(timeout=timeout, max_time=max_time, min_samples=min_samples, target_ci=None, quick=quick,
