@@ -1,5 +1,6 @@
 """The tuning logic without timing anything: config picks, the store, and the choice among timed candidates."""
 
+import dataclasses
 import json
 
 import pytest
@@ -297,3 +298,21 @@ def test_tune_resume_takes_another_out_and_checks_it_first(tmp_path, monkeypatch
     code, _, err = run_cli("tune", "--resume", run_dir, "--executor", "inprocess", "--out", tmp_path / "new.json")
     assert code == 0, err
     assert json.loads((run_dir / "run.json").read_text())["tune"]["out"] == str(tmp_path / "new.json")
+
+
+def test_candidates_are_timed_with_their_defaults_timer():
+    """Under --timer auto each case picks graph or events from a 50 us probe: a default at 52 us (events, launch
+    gaps included) and a candidate at 48 us (graph, without them) differ by their timers. Candidates and the
+    closing re-timing keep the default's: its timer and, for a graph, its calls per replay."""
+    from spark_bench.sweep import Case
+    from spark_bench.tune.session import pinned
+
+    base = Case("x.op", "triton", {"n": 1}, "bf16", "cuda", 0)
+    other = Case("x.op", "triton", {"n": 2}, "bf16", "cuda", 0)
+    records = [{"case_id": base.case_id, "timing": {"timer": "cuda-graph", "calls_per_sample": 24}},
+               {"case_id": other.case_id, "timing": {"timer": "cuda-event", "calls_per_sample": 1}}]
+    cases = [dataclasses.replace(base, configs={"k": {"B": 64}}), dataclasses.replace(base, repeat=1),
+             dataclasses.replace(other, configs={"k": {"B": 32}}),
+             dataclasses.replace(Case("x.op", "triton", {"n": 3}, "bf16", "cuda", 0), configs={"k": {"B": 8}})]
+    assert [c.timer for c in pinned(cases, records)] == ["graph:24", "graph:24", "events", None]
+    assert [c.case_id for c in pinned(cases, records)] == [c.case_id for c in cases]  # the same cases, journaled

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from conftest import TESTS, spark_bench_cmd
+from conftest import TESTS, run_cli, spark_bench_cmd
 
 from spark_bench.tune.space import config_id
 
@@ -72,6 +72,10 @@ def test_tune_prunes_times_resumes_chooses_and_run_uses_the_table(tmp_path, faul
     assert entry["config"] == tp.FAST and entry["key"] == {"n": 1024}  # not the slow one, never the wrong one
     assert entry["default"]["config"] == tp.BASE and entry["speedup"] > 1
     assert entry["drift"]["cases"] == 1 and entry["unranked"] == 0
+    assert entry["timers"] == ["cpu-perf_counter"] and entry["candidates_timed"] == 2  # FAST, SLOW: not the default
+    assert 0.01 <= entry["noise"] < entry["speedup"] - 1  # a win beyond its noise, recorded beside it
+    shown = run_cli("tuned", "show", table)[1]
+    assert "µs (geomean)" in shown and f"{entry['noise']:.1%}" in shown
 
     out = tmp_path / "run"
     used = subprocess.run(spark_bench_cmd("run", "--op", "tunable.scale", "--backend", "triton", "--tuned", table,

@@ -39,7 +39,9 @@ def rows(run: RunData) -> list[list[Any]]:
                     out.append([rec["op"], kernel, _fmt_key(entry["key"]), _fmt_config(entry["config"]),
                                 _cases(run, rec["op"], kernel), entry.get("cases"), entry.get("time_us"),
                                 (entry.get("default") or {}).get("time_us"),
-                                f"{entry.get('speedup', 0):.3f}x", ", ".join(entry.get("labels") or []),
+                                f"{entry.get('speedup', 0):.3f}x" + (f" (noise ±{entry['noise']:.1%})"
+                                                                       if entry.get("noise") is not None else ""),
+                                ", ".join(entry.get("labels") or []),
                                 entry.get("measured") or ""])
     return sorted(out, key=lambda r: (r[0], r[1], r[2]))
 

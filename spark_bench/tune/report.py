@@ -36,8 +36,9 @@ def _drift(entry: dict[str, Any]) -> str:
 
 def entries_table(rows: list[tuple[str, dict[str, Any]]]) -> Table:
     table = Table()
-    for col in ("kernel", "key", "config", "µs", "default µs", "speedup", "runner-up", "cases", "drift", "labels"):
-        table.add_column(col, justify="right" if col in ("µs", "default µs", "speedup", "cases", "drift") else "left")
+    numeric = ("µs (geomean)", "default µs (geomean)", "speedup", "noise ±", "cases", "drift")
+    for col in ("kernel", "key", "config", *numeric[:3], "noise ±", "runner-up", "cases", "drift", "labels"):
+        table.add_column(col, justify="right" if col in numeric else "left")
     for kernel, e in rows:
         runner = e.get("runner_up") or {}
         chosen = "(default)" if e["config"] == e["default"]["config"] else config_id(e["config"])
@@ -45,7 +46,8 @@ def entries_table(rows: list[tuple[str, dict[str, Any]]]) -> Table:
         noise = "an unknown" if close and close.get("noise") is None else f"the ±{(close or {}).get('noise', 0):.1%}"
         note = f" ({close['speedup']:.3f}x, within {noise} noise)" if close else ""
         cells = [kernel, _key(e["key"]), chosen, _us(e["time_us"]), _us(e["default"]["time_us"]),
-                 f"{e['speedup']:.3f}x", f"{config_id(runner['config'])} {_us(runner['time_us'])}{note}"
+                 f"{e['speedup']:.3f}x", f"{e['noise']:.1%}" if e.get("noise") is not None else "-",
+                 f"{config_id(runner['config'])} {_us(runner['time_us'])}{note}"
                  if runner else "-", _cases(e), _drift(e), ",".join(e.get("labels") or [])]
         table.add_row(*map(escape, cells))  # a table's names are text, never rich markup (`k[/]`)
     return table

@@ -139,6 +139,7 @@ def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -
     spreads: dict[str, list[tuple[Any, list[Any], float]]] = {}  # per case: (its timing, the default's, drift)
     configs: dict[str, Any] = {}
     labels: set[str] = set()
+    timers: set[str] = set()  # one, as session.pinned times every candidate with its default's timer
     drifts: list[float] = []
     for case in bucket["cases"]:
         reference, drift, default_timings = _reference(case)
@@ -159,6 +160,7 @@ def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -
                                                  abs(drift or 0.0)))
             configs[name] = config
             labels.update(rec.get("labels") or [])
+            timers.add(str(rec["timing"].get("timer")))
     if "default" not in times:
         return None
     ratio = {n: _geomean([t / d for t, d in zip(times[n], defaults[n], strict=True)]) for n in times}
@@ -182,6 +184,7 @@ def _best(kernel: str, bucket: dict[str, Any], rejected: set[tuple[str, str]]) -
             "default": {"config": configs["default"], "time_us": round(default_us, 4)},
             "runner_up": timed_entry(runner) if runner else None,
             "speedup": round(default_us / _geomean(times[best]), 4), "cases": len(times[best]),
-            "candidates_timed": len(times), "within_noise": within_noise, "labels": sorted(labels),
+            "candidates_timed": len(times) - 1, "noise": round(noise, 4) if math.isfinite(noise) else None,
+            "timers": sorted(timers), "within_noise": within_noise, "labels": sorted(labels),
             "drift": {"max": round(max(drifts, key=abs), 4), "cases": len(drifts)} if drifts else None,
             "unranked": bucket["unranked"], "untimed": len(bucket["untimed"]), "measured": results.now()}

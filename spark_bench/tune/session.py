@@ -3,8 +3,9 @@
 Round 0 times every base case with its declared configs; round r times the r-th best-ranked surviving candidate of
 each (case, kernel) with that kernel's config forced (spark_bench/tune/space.py); a closing round times the base cases
 again (`repeat` 1), so the defaults bracket their candidates in time and a clock or thermal drift between the
-rounds is measured, not taken for a speedup. Without a budget the rounds run as one pass, in that order (one set
-of workers, a point's cases back to back; its inputs and reference are built once). Every case goes
+rounds is measured, not taken for a speedup. Every candidate and re-timing is timed with its default's timer (`pinned`).
+Without a budget the defaults run first, then the other rounds as one pass, in that order (one set of workers, a
+point's cases back to back; its inputs and reference are built once). Every case goes
 through `run`'s own path (spark_bench/runner.py: crash-isolated workers, the reference check before timing, flushed
 timing) and is journaled in results.jsonl, so a killed tune resumes (`tune --resume DIR`) without re-timing anything.
 `--budget S` bounds the whole search (planning included, and the earlier invocations of a resumed tune): a round is
@@ -127,9 +128,11 @@ class TuneSession:
         untimed = 0
         walls: list[tuple[float, int]] = []  # (seconds, cases) of each round timed by this invocation
         rounds = self.rounds()
-        if budget is None:  # one pass over every round: the workers (and their cached inputs) serve them all
-            rounds = [[c for r in rounds for c in r]]
+        if budget is None:  # the defaults, then one pass over the other rounds (one set of workers serves them all)
+            rounds = [rounds[0], [c for r in rounds[1:] for c in r]] if len(rounds) > 1 else rounds
         for number, cases in enumerate(rounds):
+            if number:  # timed as their default was: a speedup is never the difference of two timers
+                cases = pinned(cases, self.store.read_results())
             todo = pending(self.store, cases)
             if budget is not None and todo:
                 left = budget - spent0 - (time.monotonic() - start)
@@ -199,6 +202,18 @@ class TuneSession:
             else:
                 table.merge(fresh)
             return table.save(out, results.now())
+
+
+def pinned(cases: list[Case], records: list[dict[str, Any]]) -> list[Case]:
+    """Candidates (and the defaults' closing re-timing) with their default's timer kept (timing.kept_timer: events,
+    or the graph at its calls per replay). Under `--timer auto` each case picks its timer from a probe at 50 us, so
+    a default just above it (events, launch gaps included) and a candidate just below (graph, without them) would
+    differ by the timers, not the configs."""
+    from spark_bench.timing import kept_timer
+
+    kept = {r["case_id"]: kept_timer(r.get("timing")) for r in records}
+    return [dataclasses.replace(c, timer=kept.get(dataclasses.replace(c, configs=None, repeat=0).case_id) or c.timer)
+            for c in cases]
 
 
 def _claim(store: results.RunStore) -> None:

@@ -7,6 +7,7 @@ per-device tables when a team shares them). Layout (docs/tune.md):
      "versions": {"torch": ..., "triton": ...},
      "kernels": {"<kernel>": [{"key": {...}, "config": {...}, "time_us": t, "default": {"config", "time_us"},
                                "runner_up": {"config", "time_us"} | null, "speedup": d/t, "cases": n,
+                               "noise": margin, "timers": [...],
                                "within_noise": {...} | null, "drift": {"max", "cases"} | null, "unranked": n,
                                "untimed": n, "measured": "<iso time>", "run": "<tune dir>"}, ...]}}
 
