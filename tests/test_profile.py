@@ -73,6 +73,9 @@ def test_resolve_errors_name_the_choices():
     (["--op", "kda.gate", "--backend", "torch", "--set", "bogus=3"], "has no axis"),
     (["--op", "kda.gate", "--backend", "torch", "--set", "tokens"], "malformed --set"),
     (["--op", "kda.gate", "--backend", "torch", "--device", "tpu"], "unknown device"),
+    (["--op", "kda.gate", "--backend", "torch", "--set", "tokens=1", "--set", "tokens=2"], "--set tokens given twice"),
+    (["--op", "kda.gate", "--backend", "torch", "--set", "dtype=bf16", "--set", "dtype=fp32"], "--set dtype given"),
+    (["--op", "moe.router", "--backend", "torch", "--ncu", "--weights", "w.gguf"], "--ncu profiles synthetic inputs"),
 ])
 def test_cli_errors_are_one_line_exit_2(args, needle):
     result = CliRunner().invoke(profile_cmd, [*args, "--device", "cpu"] if "--device" not in args else args)
@@ -94,6 +97,9 @@ def test_cli_profile_writes_files(tmp_path):
                                               "--device", "cpu", "--out", str(out), "--iters", "2"])
     assert result.exit_code == 0, result.output
     assert "tokens=33" in result.stdout and "aten::softplus" in result.stdout
+    wall = float(result.stdout.split("us wall per call on the host")[0].rsplit(";", 1)[1])
+    summary = json.loads((out / "kernels.json").read_text())
+    assert wall == pytest.approx(summary["wall_us_per_call"], abs=0.01) and wall >= summary["kernel_us_per_call"]
     assert {p.name for p in out.iterdir()} >= {"trace.json", "kernels.json", "kernels.txt"}
 
 
@@ -114,3 +120,16 @@ def test_parse_ncu_csv():
     assert kernels[0]["duration"] == 4512.0 and kernels[0]["duration_unit"] == "nsecond"
     assert kernels[1]["achieved_occupancy_pct"] == "n/a"
     assert parse_ncu_csv("no csv here") == []
+
+
+def test_an_interpreted_kernels_profile_says_its_rows_miss_the_interpreters_work(tmp_path):
+    """On a CPU the interpreter's Python/numpy work is no aten op: the rows summed to ~1/300 of a call. The wall
+    time per call is printed beside them, and the label says what the rows leave out."""
+    out = tmp_path / "prof"
+    result = CliRunner().invoke(profile_cmd, ["--op", "kda.gate", "--backend", "triton", "--set", "tokens=3",
+                                              "--device", "cpu", "--out", str(out), "--iters", "2"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "kernels.json").read_text())
+    assert "interpreted" in summary["labels"] and "not an aten op" in summary["what"]
+    assert summary["wall_us_per_call"] > summary["kernel_us_per_call"]
+    assert "us wall per call on the host" in result.stdout

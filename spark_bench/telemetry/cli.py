@@ -134,6 +134,9 @@ def profile(op_name: str, backend: str, sets: tuple[str, ...], dtype: str | None
         if ncu:
             import shutil
 
+            if weights is not None:
+                raise ProfileError("--ncu profiles synthetic inputs only (its child process does not load "
+                                   "--weights): drop one of them")
             if shutil.which("ncu") is None:
                 raise ProfileError("ncu (Nsight Compute) is not on PATH; install it or drop --ncu")
             if not device.startswith("cuda"):
@@ -146,8 +149,10 @@ def profile(op_name: str, backend: str, sets: tuple[str, ...], dtype: str | None
     except (ProfileError, WeightError) as exc:
         _fail(str(exc))
     params = " ".join(f"{k}={v}" for k, v in summary["params"].items())
+    wall = summary.get("wall_us_per_call")
     click.echo(f"{summary['op']} / {summary['backend']}  {params}  {summary['dtype']}  {device}  "
-               f"{iters} calls: {summary['kernel_us_per_call']:.2f} us of {summary['what']} per call")
+               f"{iters} calls: {summary['kernel_us_per_call']:.2f} us of {summary['what']} per call"
+               + (f"; {wall:.2f} us wall per call on the host" if wall is not None else ""))
     click.echo(format_rows(summary["kernels"]))
     if ncu_summary:
         click.echo(f"{'ncu kernel':<60} {'dram %':>8} {'sm %':>8} {'occup. %':>9}")

@@ -52,11 +52,15 @@ def resolve_case(op_name: str, backend_name: str, sets: Sequence[str] = (), dtyp
         raise ProfileError(f"op {op.name} has no backend {backend_name!r}; choose from {', '.join(op.backends)}")
     backend = op.backends[backend_name]
     params: dict[str, Any] = {}
+    seen: set[str] = set()
     for item in sets:
         axis_name, sep, text = item.partition("=")
         axis_name, text = axis_name.strip(), text.strip()
         if not sep or not axis_name or not text or "," in text:
             raise ProfileError(f"malformed --set {item!r}: expected AXIS=VALUE (one value per axis)")
+        if axis_name in seen:  # `run` sweeps both values; a profile is of one case, so it would keep the last
+            raise ProfileError(f"--set {axis_name} given twice: profile takes one case, one value per axis")
+        seen.add(axis_name)
         if axis_name == "dtype":
             dtype = text
             continue
@@ -180,12 +184,15 @@ def profile_case(op_name: str, backend_name: str, *, sets: Sequence[str] = (), d
     prof.export_chrome_trace(str(out / "trace.json"))
     labels = backend.labels_for(device)
     what = "cuda kernels (device time)" if device.startswith("cuda") else "aten ops (self CPU time)"
-    if "interpreted" in labels:  # the Triton interpreter's host work, not a kernel's: say so beside every number
-        what += " of the Triton interpreter (interpreted: host time, not a GPU kernel)"
+    if "interpreted" in labels:  # the interpreter's own Python/numpy work is no aten op: the rows miss most of it
+        what += (" in the Triton interpreter's calls (interpreted: host time, not a GPU kernel; the interpreter's "
+                 "own Python work is not an aten op, so see the wall time per call)")
+    spans = [e.cpu_time_total for e in prof.events() if e.name == MARK]  # each call's wall span, in us
     summary = {
         "op": op.name, "backend": backend.name, "params": params, "dtype": dtype, "device": device, "iters": iters,
         "weights": weights, "labels": labels, "what": what,
         "kernel_us_per_call": sum(r["total_us"] for r in rows) / iters, "kernels": rows,
+        "wall_us_per_call": sum(spans) / len(spans) if spans else None,  # host wall time of a call (its launches)
         "files": {"trace": str(out / "trace.json"), "kernels": str(out / "kernels.json"),
                   "table": str(out / "kernels.txt")},
     }
