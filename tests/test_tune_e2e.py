@@ -89,3 +89,15 @@ def test_tune_prunes_times_resumes_chooses_and_run_uses_the_table(tmp_path, faul
     page = (out / "report.html").read_text()
     section = page[page.index('<section id="tuned">'):]
     assert "tunable._scale" in section and config_id(tp.FAST) in section and "1 of 1" in section
+
+
+def test_a_budget_that_times_nothing_says_so_and_fails(tmp_path, fault_env):
+    """Planning alone spent the budget: the message counted the defaults as candidates, and the tune exited 0
+    without a table."""
+    run_dir, table = tmp_path / "tune", tmp_path / "table.json"
+    proc = subprocess.run(spark_bench_cmd("tune", "--op", "tunable.scale", "--run-dir", run_dir, "--out", table,
+                                          "--budget", "0.5"),
+                          env=_env(fault_env), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "s spent, planning included) left " in proc.stderr and "timings of the declared configs" in proc.stderr
+    assert "tuned table: not written" in proc.stdout and not table.exists()

@@ -118,14 +118,15 @@ class TuneSession:
 
     def execute(self, executor: Any = None, say=print) -> tuple[int, Path | None]:
         """Time what the journal lacks, round by round within the budget; write the table. Returns (exit code,
-        table path): 1 when a default config failed its check or crashed, else 0."""
+        table path): 1 when a default config failed its check or crashed, or the budget ran out before any entry
+        could be written, else 0."""
         from spark_bench.console import SweepProgress, console
         from spark_bench.runner import Runner, pending
         from spark_bench.session import estimates, interrupt_says_what_is_kept
 
         start, spent0 = time.monotonic(), self.spent_so_far()
         budget = self.tune.get("budget_s")
-        untimed = 0
+        untimed = untimed_defaults = 0
         walls: list[tuple[float, int]] = []  # (seconds, cases) of each round timed by this invocation
         rounds = self.rounds()
         if budget is None:  # the defaults, then one pass over the other rounds (one set of workers serves them all)
@@ -140,6 +141,7 @@ class TuneSession:
                 reserve = len(pending(self.store, rounds[-1])) if 0 < number < len(rounds) - 1 else 0
                 fit = max(0, self._fit(len(todo) + reserve, left, walls) - reserve)
                 untimed += len(todo) - fit
+                untimed_defaults += sum(not c.configs for c in todo[fit:])  # round 0 and the closing re-timing
                 todo = todo[:fit]
             if not todo:
                 continue
@@ -154,19 +156,21 @@ class TuneSession:
                 Runner(self.store, self.cfg, timeout_s=self.timeout_s, device=self.spec.device,
                        on_phase=progress.phase, on_result=progress.result, executor=executor).run(todo)
             walls.append((time.monotonic() - round_start, len(todo)))
+        spent = round(spent0 + time.monotonic() - start, 3)
         if untimed:
-            say(f"tune: the budget ({budget:g} s) left {untimed} candidate case(s) untimed; --resume with a larger "
-                "--budget to time them")
+            say(f"tune: the budget ({budget:g} s; {spent:.0f} s spent, planning included) left {untimed} case(s) "
+                f"untimed ({untimed_defaults} timings of the declared configs, {untimed - untimed_defaults} "
+                "candidates); --resume with a larger --budget to time them")
         records = self.store.read_results()
         run = self.store.read_run()
-        self.tune["spent_s"] = round(spent0 + time.monotonic() - start, 3)
+        self.tune["spent_s"] = spent
         run.update(finished=results.now(), summary=results.summarize_statuses(records), tune=self.tune)
         self.store.write_run(run)
         entries = select(self.tune["plan"], records)
         path = self._write(entries, run) if entries else None
         base_ids = {Case(**i["case"]).case_id for i in self.tune["plan"]["items"]}
         failed = [r for r in records if r["case_id"] in base_ids and r["status"] in results.FAILED]
-        return (1 if failed else 0), path
+        return (1 if failed or (untimed and path is None) else 0), path  # the budget left no entry: not done
 
     def spent_so_far(self) -> float:
         """Seconds of the budget spent before this invocation: what the last one to end stored, or, when a killed
