@@ -100,6 +100,23 @@ def test_tuned_show_and_merge(tmp_path):
     _store([], device={**DEVICE, "name": "NVIDIA Other"}).save(tmp_path / "c.json", "now")
     code, _, err = run_cli("tuned", "merge", tmp_path / "a.json", tmp_path / "c.json", "--out", tmp_path / "x.json")
     assert code == 2 and "measured on NVIDIA Other" in err
+    _store([("test._k", {"n": 4}, {"B": 32}, "2026-03-01")], device={**DEVICE, "name": "NVIDIA Other"}).save(
+        tmp_path / "d.json", "now")
+    code, _, err = run_cli("tuned", "merge", tmp_path / "a.json", tmp_path / "d.json", "--out", tmp_path / "f.json",
+                           "--force")
+    assert code == 0, err
+    forced = TunedStore.load(tmp_path / "f.json")  # each entry keeps where it was measured
+    ((where, n),) = forced.foreign_entries().items()
+    assert n == 1 and where.startswith("NVIDIA Other")
+    code, out, _ = run_cli("tuned", "show", tmp_path / "f.json")
+    assert code == 0 and "1 entries measured on NVIDIA Other" in out and "(merged with --force)" in out
+    from spark_bench.tune.cli import load_tuned
+
+    warned = []
+    forced.data["device_id"] = "here"  # used on a third device: both warnings
+    forced.save(tmp_path / "f.json", "now")
+    load_tuned(str(tmp_path / "f.json"), "cpu", tmp_path, warned.append)
+    assert any("1 entries were measured on NVIDIA Other" in w for w in warned), warned
     code, _, err = run_cli("tuned", "merge", tmp_path / "a.json", "--out", tmp_path)  # a directory
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--out" in err and "Traceback" not in err, err
 

@@ -42,6 +42,8 @@ def load_tuned(spec: str | None, device: str, root: Path, warn) -> dict[str, Any
     stale = stale_entries(table)
     if stale:
         warn(f"{path}: {stale_text(stale)}")
+    for where, n in table.foreign_entries().items():  # merged in with --force
+        warn(f"{path}: {n} entries were measured on {where}: their configs may not be the best here")
     return {"path": str(path), "data": table.data}
 
 

@@ -68,6 +68,8 @@ def print_store(store) -> None:
     stale = stale_entries(store)
     if stale:
         out.print(f"stale: {stale_text(stale)}", markup=False)
+    for where, n in store.foreign_entries().items():
+        out.print(f"{n} entries measured on {where} (merged with --force)", markup=False)
 
 
 def print_table(session, path: Path | None) -> None:

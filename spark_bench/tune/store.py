@@ -115,13 +115,25 @@ class TunedStore:
         if other.data["device_id"] != self.data["device_id"] and not force:
             raise StoreError(f"tuned-config file {other.path}: measured on {describe_device(other.data['device'])}, "
                              f"not {describe_device(self.data['device'])} (merge tables of one device)")
+        foreign = other.data["device_id"] != self.data["device_id"]  # --force: each entry keeps where it was measured
         taken = 0
         for kernel, entry in other.entries():
             mine = [e for e in self.kernels.get(kernel, []) if key_id(e["key"]) == key_id(entry["key"])]
             if not mine or str(entry.get("measured") or "") > str(mine[0].get("measured") or ""):
-                self.put(kernel, dict(entry))
+                self.put(kernel, {**entry, **({"measured_on": entry.get("measured_on") or {
+                    "device_id": other.data["device_id"], "device": describe_device(other.data["device"])}}
+                    if foreign else {})})
                 taken += 1
         return taken
+
+    def foreign_entries(self) -> dict[str, int]:
+        """Entries a forced merge took from another device's table: device -> how many."""
+        out: dict[str, int] = {}
+        for _, entry in self.entries():
+            where = entry.get("measured_on")
+            if isinstance(where, dict) and where.get("device_id") != self.data["device_id"]:
+                out[str(where.get("device"))] = out.get(str(where.get("device")), 0) + 1
+        return out
 
     def save(self, path: Path | str, updated: str) -> Path:
         """Write the table to `path` (an --out): a directory or a read-only place is one line (StoreError)."""
