@@ -16,7 +16,7 @@ import click
 from rich.markup import escape
 
 from spark_bench.history import detect, gitinfo, query
-from spark_bench.history.gate import parse_age, regressions, threshold_text
+from spark_bench.history.gate import parse_age, regressions
 from spark_bench.history.ingest import add_runs
 from spark_bench.history.store import DEFAULT_DB, HistoryError, connect
 from spark_bench.options import SparkGroup
@@ -322,11 +322,13 @@ def check_cmd(since, ops, backends, db, fingerprint, branch, threshold, repo, as
                 f"note: {len(gate.unplaced)} series not checked: {escape(', '.join(unplaced))} never ran "
                 f"{escape(since)} and the repository does not place it (give a date, or --fingerprint)")
         if not found:
+            from spark_bench.console import fmt_pct
+
             checked = len(all_s) - len(gate.unplaced)
             short = sum(s.sigma is None for s in all_s if s not in gate.unplaced)  # find_steps needs 3 timed points
             unchecked = (f"; {short} of them with fewer than 3 timed points, which cannot show a step"
                          if short else "")
-            out.print(f"history check: no case stepped slower than {threshold_text(thr)} since {escape(since)} "
+            out.print(f"history check: no case stepped slower than {fmt_pct(100 * thr)} since {escape(since)} "
                       f"({checked} series, {gate.in_window} with runs after it{unchecked})", soft_wrap=True)
         else:
             out.print(f"[bold red]REGRESSED[/]: {len(found)} case(s) since {escape(since)}")

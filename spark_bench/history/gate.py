@@ -15,11 +15,6 @@ from spark_bench.history.store import HistoryError
 DATE = re.compile(r"^\d{4}-\d{2}-\d{2}([T ][0-9:]+(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?$")
 
 
-def threshold_text(fraction: float) -> str:
-    """A threshold as given: 2.5%, 0.4%, 5% (not rounded to whole percent)."""
-    return f"{100 * fraction:.3g}%"
-
-
 def since_date(since: str) -> str | None:
     """`--since` as a UTC timestamp when it is a date (midnight UTC for a bare day), None when it is a commit."""
     if not DATE.match(since):
@@ -31,11 +26,8 @@ def since_date(since: str) -> str | None:
 
 
 def since_index(s: detect.Series, since: str, repo: Path | None) -> int:
-    """Index of the first point after `since`: a commit (exclusive, as in `git log SINCE..`), or a date (inclusive;
-    the first point whose first run was made on or after it, whatever its commit's age)."""
-    when = since_date(since)
-    if when is not None:
-        return next((i for i, p in enumerate(s.points) if (p.created or p.time or "") >= when), len(s.points))
+    """Index of the first point after the commit `since` (exclusive, as in `git log SINCE..`). (A date SINCE places
+    no index: regressions judges each step and run by its own time.)"""
     if len(since) < 4:  # '' is a prefix of every commit; git itself wants 4 hex digits
         raise HistoryError(f"--since {since!r}: give at least 4 characters of a commit, or a date YYYY-MM-DD")
     hits = [i for i, p in enumerate(s.points) if p.commit and p.commit.startswith(since)]
@@ -85,7 +77,7 @@ def regressions(series: Sequence[detect.Series], since: str, repo: Path | None) 
     result, when = GateResult([], [], 0), since_date(since)
     for s in series:
         try:
-            start = since_index(s, since, repo)
+            start = 0 if when else since_index(s, since, repo)
         except HistoryError:
             result.unplaced.append(s)  # this fingerprint never ran that commit; another may have
             continue

@@ -35,11 +35,10 @@ def digest_of(run_dir: Path) -> str:
     return h.hexdigest()
 
 
-_FAMILY = "(run_id = ? OR (run_id > ? AND run_id < ?))"  # a run id and the ids `ID@...` it is stored under
-
-
-def _family(run_id: str) -> tuple[str, str, str]:
-    return run_id, run_id + "@", run_id + "A"  # "A" follows "@": the range is every id starting "ID@" (indexed)
+def _family(column: str, run_id: str) -> tuple[str, tuple[str, str, str]]:
+    """SQL (and its arguments) matching a run id and the ids `ID@...` another run of it is stored under: "A" follows
+    "@", so the range is every id starting "ID@" (the unique index serves it)."""
+    return f"({column} = ? OR ({column} > ? AND {column} < ?))", (run_id, run_id + "@", run_id + "A")
 
 
 def _num(x: Any) -> float | None:
@@ -156,17 +155,18 @@ class Ingest:
             digest = digest_of(run_dir)
         except OSError:
             return None  # unreadable: parsing it says so
-        row = self.con.execute(f"SELECT run_id FROM runs WHERE {_FAMILY} AND digest = ?",
-                               (*_family(self._peek_id(run_dir)), digest)).fetchone()
+        family, args = _family("run_id", self._peek_id(run_dir))
+        row = self.con.execute(f"SELECT run_id FROM runs WHERE {family} AND digest = ?", (*args, digest)).fetchone()
         return row[0] if row else None
 
     def _stored_copy(self, p: dict[str, Any]) -> tuple[int, str, str] | None:
         """(row id, digest, stored id) of this very run's earlier copy: the same run id, creation time and device
         fingerprint. A run resumed or rewritten keeps all three; another run into a reused `--out` does not."""
+        family, args = _family("r.run_id", p["run_id"])
         return self.con.execute(
             f"SELECT r.id, r.digest, r.run_id FROM runs r JOIN fingerprints f ON f.id = r.fingerprint WHERE "
-            f"{_FAMILY.replace('run_id', 'r.run_id')} AND r.created IS ? AND f.fingerprint_id = ?",
-            (*_family(p["run_id"]), p["created"], p["fingerprint_id"])).fetchone()
+            f"{family} AND r.created IS ? AND f.fingerprint_id = ?",
+            (*args, p["created"], p["fingerprint_id"])).fetchone()
 
     def _free_id(self, p: dict[str, Any]) -> str:
         """The run id, or, where another run already holds it, `ID@<created>` (then `-<fingerprint>`, then `~N`):

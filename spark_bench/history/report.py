@@ -18,8 +18,8 @@ from typing import Any
 
 import plotly.offline
 
+from spark_bench.console import fmt_pct
 from spark_bench.history.detect import Series, Step
-from spark_bench.history.gate import threshold_text
 from spark_bench.report.assets import CSS, JS, palette
 from spark_bench.report.charts import AXIS, ptext
 from spark_bench.report.html import esc, script_json
@@ -185,7 +185,7 @@ def render(series: Sequence[Series], db: str = "", threshold: float = 0.05, last
         '<section id="steps"><h2>Detected regressions and improvements</h2>'
         f'<p><span class="pill{" bad" if n_slow else ""}">{n_slow} slower</span>'
         f'<span class="pill{" good" if n_fast else ""}">{n_fast} faster</span>'
-        f"<span class='muted'>level shifts beyond ±{threshold_text(threshold)} of a case's median per commit, "
+        f"<span class='muted'>level shifts beyond ±{fmt_pct(100 * threshold)} of a case's median per commit, "
         "confirmed at p &lt; 0.01 (Bonferroni over the series); regressions first. See docs/history.md.</span></p>"
         '<div data-table="steps"></div></section>',
         f'<section id="overview"><h2>Series</h2><p>{len(series)} series (case × device fingerprint) from '

@@ -36,9 +36,10 @@ def _drift(entry: dict[str, Any]) -> str:
 
 def entries_table(rows: list[tuple[str, dict[str, Any]]]) -> Table:
     table = Table()
-    numeric = ("µs (geomean)", "default µs (geomean)", "speedup", "noise ±", "cases", "drift")
-    for col in ("kernel", "key", "config", *numeric[:3], "noise ±", "runner-up", "cases", "drift", "labels"):
-        table.add_column(col, justify="right" if col in numeric else "left")
+    left = ("kernel", "key", "config", "runner-up", "labels")
+    for col in ("kernel", "key", "config", "µs (geomean)", "default µs (geomean)", "speedup", "noise ±", "runner-up",
+                "cases", "drift", "labels"):
+        table.add_column(col, justify="left" if col in left else "right")
     for kernel, e in rows:
         runner = e.get("runner_up") or {}
         chosen = "(default)" if e["config"] == e["default"]["config"] else config_id(e["config"])

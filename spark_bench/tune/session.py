@@ -131,9 +131,11 @@ class TuneSession:
         rounds = self.rounds()
         if budget is None:  # the defaults, then one pass over the other rounds (one set of workers serves them all)
             rounds = [rounds[0], [c for r in rounds[1:] for c in r]] if len(rounds) > 1 else rounds
+        timed_defaults: list[dict[str, Any]] | None = None  # the journal once round 0 is done: the defaults' timers
         for number, cases in enumerate(rounds):
             if number:  # timed as their default was: a speedup is never the difference of two timers
-                cases = pinned(cases, self.store.read_results())
+                timed_defaults = self.store.read_results() if timed_defaults is None else timed_defaults
+                cases = pinned(cases, timed_defaults)
             todo = pending(self.store, cases)
             if budget is not None and todo:
                 left = budget - spent0 - (time.monotonic() - start)
