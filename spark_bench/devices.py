@@ -25,3 +25,15 @@ def check_device(device: str) -> str:
     if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
         raise UsageError(f"device {device!r} does not exist; this machine has cuda:0..{torch.cuda.device_count() - 1}")
     return device
+
+
+def use_device(device: str) -> None:
+    """Make `device` the process's current CUDA device; nothing for `cpu` or a bare `cuda` (the current one stays).
+
+    torch.cuda.set_device refuses a torch.device without an index ("Expected a torch.device with a specified index"):
+    passing it `cuda` killed every worker at start-up on the first GPU run (2026-12-05), so only `cuda:N` sets it."""
+    index = device.partition(":")[2]
+    if device.startswith("cuda") and index:
+        import torch
+
+        torch.cuda.set_device(int(index))

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from spark_bench.executors.worker_process import WorkersCannotStart
 from spark_bench.results import ResultsError
 from spark_bench.sweep import SweepSpec, UsageError, dtype_list, merge_sets
 
@@ -37,6 +38,9 @@ class SparkGroup(click.Group):
             fail_usage(f"{exc.format_message()}{hint}")
         except (UsageError, ResultsError) as exc:
             fail_usage(str(exc))
+        except WorkersCannotStart as exc:  # the environment, not the input: one line, exit 1
+            click.echo(f"spark-bench: error: {exc}", err=True)
+            sys.exit(1)
         except click.exceptions.Abort:
             click.echo("aborted", err=True)
             sys.exit(130)

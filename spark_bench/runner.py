@@ -16,7 +16,8 @@ from typing import Any
 
 from spark_bench import results
 from spark_bench.executors.base import Executor, RunContext, Sink, failed_record
-from spark_bench.executors.local import STARTUP_TIMEOUT_S, LocalExecutor, Worker
+from spark_bench.executors.local import LocalExecutor
+from spark_bench.executors.worker_process import STARTUP_TIMEOUT_S, Worker
 from spark_bench.sweep import Case
 from spark_bench.timing import TimingConfig
 from spark_bench.worker import ENERGY_ENV

@@ -16,6 +16,7 @@ from typing import Any
 
 from spark_bench import results, triton_env
 from spark_bench.console import console, failures_table, results_table, summary_line
+from spark_bench.executors.worker_process import WorkersCannotStart
 from spark_bench.runner import Runner, default_timeout
 from spark_bench.sweep import Case, SweepSpec, UsageError, build_cases
 from spark_bench.telemetry import RunTelemetry, percent_of_peak
@@ -318,8 +319,8 @@ class Session:
 
     def execute(self, report: bool = True, executor: Any = None, confirm_crashes: bool = True) -> int:
         """Run what is left (on `executor`, default: local worker processes); print the tables; write the report.
-        Exit code: 0 all passed, 1 any case failed. A full disk raises DiskFullError (one line, exit 2) saying what
-        is kept and how to resume."""
+        Exit code: 0 all passed, 1 any case failed. A full disk raises DiskFullError (one line, exit 2), workers that
+        cannot start WorkersCannotStart (one line, exit 1), each saying what is kept and how to resume."""
         try:
             with interrupt_says_what_is_kept(self.store, len(self.cases), "spark-bench run --resume"):
                 return self._execute(report, executor, confirm_crashes)
@@ -327,6 +328,10 @@ class Session:
             raise results.DiskFullError(
                 f"{exc}: {kept(self.store)} of {len(self.cases)} cases are kept in {self.store.path}; free some "
                 f"space, then run `spark-bench run --resume {self.store.path}`") from None
+        except WorkersCannotStart as exc:
+            raise WorkersCannotStart(f"{exc}; {kept(self.store)} of {len(self.cases)} cases are kept in "
+                                     f"{self.store.path}: fix it, then `spark-bench run --resume {self.store.path}`"
+                                     ) from None
 
     def _execute(self, report: bool, executor: Any, confirm_crashes: bool) -> int:
         from spark_bench.console import SweepProgress

@@ -23,6 +23,7 @@ import traceback
 from typing import Any
 
 from spark_bench import results, triton_env
+from spark_bench.devices import use_device
 from spark_bench.sweep import Case
 from spark_bench.timing import TimingConfig, on_device
 
@@ -354,10 +355,7 @@ def main(conn, device: str, log_path: str | None) -> None:
         _log_to(log_path)
     faulthandler.enable(all_threads=True)
     triton_env.configure(device)
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.set_device(torch.device(device))
+    use_device(device)
     runner = CaseRunner(phase=lambda case_id, phase: conn.send(("phase", case_id, phase)))
     conn.send(("ready", os.getpid()))
     while True:

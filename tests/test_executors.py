@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+import torch
 from conftest import TESTS
 
 from spark_bench import results
@@ -256,7 +257,7 @@ def test_a_workers_pipe_closed_by_two_threads_at_once_is_closed_once():
     Connection's close is not atomic, so the second os.close got EBADF (a traceback instead of exit 143)."""
     import multiprocessing as mp
 
-    from spark_bench.executors.local import Worker
+    from spark_bench.executors.worker_process import Worker
 
     worker = Worker.__new__(Worker)  # the pipe and its lock only: no process
     worker.conn, _other = mp.Pipe()
@@ -282,3 +283,32 @@ def test_a_workers_pipe_closed_by_two_threads_at_once_is_closed_once():
     for t in threads:
         t.join()
     assert errors == [] and len(closes) == 1 and worker.conn.closed
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_a_worker_starts_for_a_bare_device_name(tmp_path, device):
+    """`--device cuda` (no index) is what a GPU run's workers get. torch.cuda.set_device(torch.device("cuda")) raises
+    ValueError before touching CUDA, so every worker died at start-up on the first H200 run (2026-12-05): on this CPU
+    machine the same worker (interpreting, no CUDA) must start, and its start-up must leave no error in its log."""
+    from spark_bench.executors.worker_process import Worker
+
+    worker = Worker(device, tmp_path)
+    try:
+        worker.wait_ready()
+    finally:
+        worker.stop()
+    log = worker.log_path.read_text() if worker.log_path.exists() else ""
+    assert "Traceback" not in log
+
+
+def test_use_device_passes_torchs_own_argument_check(monkeypatch):
+    """Only `cuda:N` selects a device, with an index torch accepts; `cuda` and `cpu` leave the current one."""
+    from torch._utils import _get_device_index
+
+    from spark_bench.devices import use_device
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: chosen.append(_get_device_index(d)))
+    for device in ("cuda", "cpu", "cuda:1"):
+        use_device(device)
+    assert chosen == [1]

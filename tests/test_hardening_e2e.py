@@ -1,6 +1,7 @@
 """Issue 15 end to end: `spark-bench` subprocesses against hostile plugins (tests/plugins/)."""
 
 import json
+import os
 import subprocess
 import time
 
@@ -215,3 +216,31 @@ def test_a_report_that_cannot_be_written_is_one_line_and_the_results_stand(tmp_p
     line = again.stderr.strip().splitlines()[-1]
     assert line.startswith("report: not written (IsADirectoryError") and f"kept in {out}" in line
     assert f"spark-bench report {out} -o {out / 'report.html'}" in line
+
+
+def test_workers_that_cannot_start_stop_the_run_in_one_line(tmp_path, fault_env):
+    """The first H200 run (2026-12-05): every worker died at start-up (a ValueError in torch.cuda.set_device), and the
+    sweep charged each of its 9508 cases a 'crash' ~7 s apart. Now the run stops after the first case's worker and its
+    confirmation's both failed, says why in one line (the log's last line) with what is kept, exit code 1; the case is
+    not recorded, so `--resume` runs it once the environment is fixed."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(  # in spawned workers only: their start-up raises, as on the H200
+        "import sys\n"
+        "if '--multiprocessing-fork' in sys.argv:\n"
+        "    import spark_bench.devices as devices\n"
+        "    def use_device(device):\n"
+        "        raise ValueError('simulated start-up failure on ' + device)\n"
+        "    devices.use_device = use_device\n")
+    env = {**fault_env, "PYTHONPATH": os.pathsep.join([str(hook), fault_env["PYTHONPATH"]])}
+    out = tmp_path / "run"
+    proc = subprocess.run(spark_bench_cmd("run", "--op", "fault.scale", "--backend", "good", "--quick", "--out", out,
+                                          "--no-report"), env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("spark-bench: error: workers cannot start on cpu: died during start-up (exit code 1): "
+                           "ValueError: simulated start-up failure on cpu (log: "), line
+    assert f"0 of 2 cases are kept in {out}" in line and f"spark-bench run --resume {out}" in line
+    assert _lines(out / "results.jsonl") == []
+    log = line.split("(log: ")[1].split(")")[0]
+    assert "ValueError: simulated start-up failure on cpu" in open(log).read()  # the traceback, kept with the run

@@ -8,7 +8,7 @@ import time
 
 from conftest import spark_bench_cmd
 
-from spark_bench.executors.local import Worker
+from spark_bench.executors.worker_process import Worker
 
 # a sitecustomize that holds each spawned worker in its start-up (where it imports torch) and writes its pid there
 HOLD_WORKERS = """import os, sys, time

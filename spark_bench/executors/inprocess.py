@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 
 from spark_bench import triton_env
+from spark_bench.devices import use_device
 from spark_bench.executors.base import Executor, RunContext, Sink, Slot, stamp
 from spark_bench.sweep import Case
 
@@ -25,10 +26,7 @@ class InProcessExecutor(Executor):
         from spark_bench.worker import CaseRunner
 
         triton_env.configure(ctx.device)
-        if ctx.device.startswith("cuda"):
-            import torch
-
-            torch.cuda.set_device(torch.device(ctx.device))
+        use_device(ctx.device)
         index = ctx.device.partition(":")[2]
         slot = Slot("inprocess", ctx.device, index=int(index) if index.isdigit() else None)
         by_id = {c.case_id: c for c in cases}

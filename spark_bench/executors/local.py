@@ -10,175 +10,29 @@ calling thread, which alone reports them. The Ray executor reuses `WorkerSlot` i
 from __future__ import annotations
 
 import atexit
-import multiprocessing as mp
 import os
 import queue
 import shutil
-import signal
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from multiprocessing import resource_tracker
-from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
 from spark_bench.executors.base import CaseQueue, Executor, RunContext, Sink, Slot, failed_record, parse_devices, stamp
+from spark_bench.executors.worker_process import (
+    Worker,
+    WorkersCannotStart,
+    WorkerStartError,
+    log_size,
+    log_tail,
+    signal_name,
+)
 from spark_bench.sweep import Case
 
-STARTUP_TIMEOUT_S = 300.0
-EXIT_POLL_S = 0.25  # how often a waiting parent checks the worker's exit status
-_SPAWN_LOCK = threading.Lock()  # the worker's environment is the parent's at spawn time
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
-def _tail(path: Path, lines: int = 25, start: int = 0) -> str:
-    """The last lines the worker wrote to its log since byte `start` (where the case began): never another case's."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, start))
-            data = f.read()
-        return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-class Worker:
-    """One spawned worker process and its pipe."""
-
-    def __init__(self, device: str, log_dir: Path, env: dict[str, str] | None = None, label: str = "") -> None:
-        ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
-        self.conn, child = ctx.Pipe()
-        tag = "".join(c if c.isalnum() else "_" for c in label)
-        self.log_path = log_dir / f"worker-{tag + '-' if tag else ''}{time.time_ns()}.log"
-        from spark_bench import worker
-
-        self.process = ctx.Process(target=worker.main, args=(child, device, str(self.log_path)), daemon=True)
-        with _SPAWN_LOCK:
-            # spawned with SIGINT blocked, then ignored (worker.main): Ctrl-C is the parent's, which stops the workers;
-            # no worker traceback while it imports torch. The resource tracker first: starting it unblocks SIGINT
-            resource_tracker.ensure_running()
-            saved = {k: os.environ.get(k) for k in env or {}}
-            os.environ.update(env or {})
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            try:
-                self.process.start()
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C held meanwhile is raised here
-        child.close()
-        self.pid: int | None = None
-        self._close_lock = threading.Lock()
-
-    def _close(self) -> None:
-        """Close the pipe once: the sweep's end (SIGTERM, on the main thread) and a slot's own clean-up may race."""
-        with self._close_lock:
-            if not self.conn.closed:
-                self.conn.close()
-
-    def wait_ready(self) -> None:
-        msg = self.receive(STARTUP_TIMEOUT_S)
-        if msg is None or msg[0] != "ready":
-            detail = _tail(self.log_path)
-            self.kill()
-            if msg is None:
-                why = f"no answer within {STARTUP_TIMEOUT_S:g} s"
-            elif msg[0] == "dead":
-                why = (f"killed by {_signal_name(msg[1])}" if msg[1] is not None and msg[1] < 0
-                       else f"exit code {msg[1]}")
-            else:
-                why = f"unexpected message {str(msg)[:100]}"
-            raise RuntimeError(f"worker died during start-up ({why})\n{detail}")
-        self.pid = msg[1]
-
-    def move_log(self, log_dir: Path) -> None:
-        """A worker started before its run directory existed logs into `log_dir` from now on, what it wrote so far
-        included (it copies its log there and acknowledges before any case is sent)."""
-        target = log_dir / self.log_path.name
-        self.conn.send(("log", str(target)))
-        msg = self.receive(STARTUP_TIMEOUT_S)
-        if msg is None or msg[0] != "log":
-            self.kill()
-            raise RuntimeError(f"worker did not move its log to {target} ({msg})\n{_tail(self.log_path)}")
-        self.log_path = target
-
-    def receive(self, timeout: float) -> tuple | None:
-        """The next message, None on timeout, ('dead', exitcode) when the process died.
-
-        Death is noticed from the exit status (waitpid), not only from the pipe and sentinel: a process the backend
-        forked inherits both and keeps them open after the worker dies, which would turn a crash into a timeout."""
-        deadline = time.monotonic() + max(timeout, 0.0)
-        while True:
-            left = deadline - time.monotonic()
-            ready = wait([self.conn, self.process.sentinel], timeout=max(0.0, min(left, EXIT_POLL_S)))
-            if self.conn in ready or (not ready and self.conn.poll(0)):
-                try:
-                    return self.conn.recv()
-                except (EOFError, OSError):
-                    break
-            if ready or self.process.exitcode is not None:  # exitcode polls waitpid(WNOHANG)
-                if self.conn.poll(0):  # a last message sent before it exited
-                    try:
-                        return self.conn.recv()
-                    except (EOFError, OSError):
-                        pass
-                break
-            if left <= 0:
-                return None
-        self.process.join(timeout=5)
-        return ("dead", self.process.exitcode)
-
-    def _kill_group(self) -> None:
-        """End every process the worker's backends started: the worker leads its own process group."""
-        pgid = self.process.pid
-        if pgid is None:
-            return
-        try:
-            if os.getpgid(pgid) != pgid:
-                return  # not (yet, or no longer) the leader of its own group
-        except ProcessLookupError:
-            pass  # the leader is gone; its group may live on
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def kill(self) -> None:
-        self._kill_group()
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(timeout=10)
-        self._kill_group()
-        self._close()
-
-    def stop(self) -> None:
-        try:
-            self.conn.send(("stop",))
-        except (OSError, ValueError):
-            pass
-        self.process.join(timeout=10)
-        self.kill()  # if it is still alive; and what its backends started must not outlive the sweep
-
-
 PhaseFn = Callable[[Case, str], None]
+GIVE_UP_AFTER_STARTS = 2  # the first case's worker and its crash confirmation's (or the first two cases' unconfirmed)
 
 
 class WorkerSlot:
@@ -191,6 +45,8 @@ class WorkerSlot:
         self.started = 0.0
         self.last_case: str | None = None  # the case the current worker process ran last
         self.stopping = False  # the sweep is ending (interrupted): no worker is started any more
+        self.failed_starts = 0  # workers of this slot that died before they were ready, while none ever was
+        self.ever_ready = False
 
     def _worker(self) -> Worker:
         if self.stopping:  # e.g. the crash confirmation of the case whose worker the interrupt just killed
@@ -200,7 +56,14 @@ class WorkerSlot:
             early, self.early = self.early, None
             self.worker = early or Worker(self.slot.device, self.log_dir, dict(self.slot.env), self.slot.label)
             self.last_case = None
-            self.worker.wait_ready()
+            try:
+                self.worker.wait_ready()
+            except WorkerStartError as exc:
+                self.failed_starts += 1
+                if not self.ever_ready and self.failed_starts >= GIVE_UP_AFTER_STARTS:
+                    raise WorkersCannotStart.after(self.slot.device, exc, self.worker.log_path) from None
+                raise
+            self.ever_ready = True
             if early is not None:
                 self.worker.move_log(self.log_dir)
         return self.worker
@@ -228,9 +91,7 @@ class WorkerSlot:
         try:
             worker = self._worker()
         except RuntimeError as exc:  # killed or stuck during start-up: this case's crash, never the sweep's end
-            self.retire()
-            record = failed_record(case, "crash", str(exc).splitlines()[0][:500], phase="startup",
-                                   worker_log_tail="\n".join(str(exc).splitlines()[1:]))
+            record = self._startup_crash(case, exc)
             if self.ctx.confirm_crashes:
                 record = self._confirm(case, record, None, on_phase)
             return stamp(record, self.slot)
@@ -242,6 +103,12 @@ class WorkerSlot:
         self.last_case = case.case_id if self.worker is not None else None
         return stamp(record, self.slot)
 
+    def _startup_crash(self, case: Case, exc: RuntimeError) -> dict[str, Any]:
+        """The record of a case whose worker did not start, with the worker's log tail (its traceback)."""
+        self.retire()
+        first, *tail = str(exc).splitlines() or [""]
+        return failed_record(case, "crash", first[:500], phase="startup", worker_log_tail="\n".join(tail))
+
     def _confirm(self, case: Case, first: dict[str, Any], previous: str | None, on_phase: PhaseFn) -> dict[str, Any]:
         """A crash is charged to a case only when it happens again in a fresh worker: an asynchronous fault (a CUDA
         illegal memory access surfaces at the next sync) kills the worker during whatever case runs next. When the
@@ -251,8 +118,7 @@ class WorkerSlot:
         try:
             again = self._run_case(self._worker(), case, on_phase)
         except RuntimeError as exc:  # the fresh worker did not start either
-            self.retire()
-            again = failed_record(case, "crash", str(exc).splitlines()[0][:500], phase="startup")
+            again = self._startup_crash(case, exc)
         first_error = {"status": first["status"], "error": first["error"], "phase": first.get("phase"),
                        "worker_log_tail": first.get("worker_log_tail")}
         again["earlier_errors"] = [*again.get("earlier_errors", []), first["error"]]
@@ -266,7 +132,7 @@ class WorkerSlot:
 
     def _run_case(self, worker: Worker, case: Case, on_phase: PhaseFn) -> dict[str, Any]:
         message = ("case", case.to_dict(), self.ctx.cfg.to_dict(), self.ctx.n_sets)
-        log_start = _size(worker.log_path)  # this case's part of the worker's log (stdout and stderr), taken first
+        log_start = log_size(worker.log_path)  # this case's part of the worker's log (stdout and stderr), taken first
         try:
             worker.conn.send(message)
         except (OSError, ValueError):  # the idle worker died since the last case: start another
@@ -292,9 +158,9 @@ class WorkerSlot:
                 return record
             elif msg[0] == "dead":
                 code = msg[1]
-                cause = f"killed by {_signal_name(code)}" if code is not None and code < 0 else f"exit code {code}"
+                cause = f"killed by {signal_name(code)}" if code is not None and code < 0 else f"exit code {code}"
                 hint = " (the kernel's OOM killer sends SIGKILL when memory runs out)" if code == -9 else ""
-                log = _tail(worker.log_path, start=log_start)
+                log = log_tail(worker.log_path, start=log_start)
                 self.retire()
                 return failed_record(case, "crash", f"worker {cause}{hint} in phase '{phase}'", phase=phase,
                                      worker_log_tail=log)
