@@ -4,8 +4,9 @@ Timers (each result records which one produced it):
 - `cpu-perf_counter`: host monotonic clock around each call (CPU devices); the last-level cache is flushed by
   writing a buffer of its size (read from sysfs, allocated once) before each call, outside the timed span.
 - `cuda-event`: a CUDA event pair around each call; the L2 is flushed by zeroing a buffer of 2x the device's L2
-  (allocated once per device) before each call, outside the event pair. Events inflate kernels under ~10 us
-  several-fold.
+  (allocated once per device) before each call, outside the event pair; each batch of calls is enqueued behind a
+  GPU-side hold, so the host's launch time stays out (nvbench's blocking kernel). Events still inflate kernels under
+  ~10 us (the event pair's own overhead).
 - `cuda-graph`: for small ops. A graph of `n` calls, each preceded by the flush, is replayed between events; a graph
   of the `n` flushes alone is replayed right after each replay of it, and each sample is the pair's difference:
   per-call time = (t_graph_i - t_flush_graph_i) / n. tritonbench subtracts the flush graph's median from every
@@ -203,8 +204,24 @@ def time_cpu(calls: Sequence[Call], cfg: TimingConfig) -> dict[str, Any]:
     return _record(samples, stop, "cpu-perf_counter", cfg, warm, stopper.elapsed(), calls_per_sample=1)
 
 
+HOLD_START_US = 1000.0  # the first batch's stream hold; doubled after a batch the GPU caught up with, up to
+HOLD_MAX_US = 64_000.0
+CYCLES_PER_US = 2000  # torch.cuda._sleep spins clock cycles: at SM clocks <= 2 GHz a hold lasts at least this long
+
+
+def _hold(us: float) -> None:
+    """Keep the stream busy for about `us` while the host enqueues the batch behind it (nvbench's blocking kernel)."""
+    torch.cuda._sleep(int(us * CYCLES_PER_US))
+
+
 def time_cuda_events(calls: Sequence[Call], cfg: TimingConfig, device: str, batch: int = 16,
                      notes: Sequence[str] = ()) -> dict[str, Any]:
+    """Each sample is an event pair around one call, the flush before it outside the pair. Each batch of samples is
+    enqueued behind a GPU-side hold, so a call's host-side launch time (the Python wrapper, Triton's launcher) is not
+    in its time: without it, on the first H200 run (2026-12-05), kda.gate's 3.6 us kernel timed 60.5 us (do_bench
+    6.2, the graph timer 3.6), and the auto mode, fooled by that probe, would have kept events for it. A batch whose
+    last call the GPU reached before the host had enqueued it (the hold ran out: gaps may be in its times) is
+    discarded and the hold doubled, up to HOLD_MAX_US; `hold_us` and `holds_expired` say what it took."""
     flush = flusher(device, cfg.flush)
     sync = torch.cuda.synchronize
     t0 = time.perf_counter()
@@ -213,17 +230,30 @@ def time_cuda_events(calls: Sequence[Call], cfg: TimingConfig, device: str, batc
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
     stopper, samples, i = _Stopper(cfg), [], 0
+    hold_us, expired, late_kept = HOLD_START_US, 0, 0
     while (stop := stopper.reason(samples)) is None:
         take = min(batch, cfg.max_samples - len(samples))  # the stopping rule is read between batches only
+        _hold(hold_us)
         for j in range(take):
             flush()
             starts[j].record()
             calls[i % len(calls)]()
             ends[j].record()
             i += 1
+        late = starts[take - 1].query()  # already passed: the GPU caught up with the host during this batch
         sync()
+        if late and hold_us < HOLD_MAX_US:
+            expired += 1
+            hold_us = min(2 * hold_us, HOLD_MAX_US)
+            continue
+        late_kept += late
         samples.extend(s.elapsed_time(e) * 1e3 for s, e in zip(starts[:take], ends[:take], strict=True))
-    return _record(samples, stop, "cuda-event", cfg, warm, stopper.elapsed(), calls_per_sample=1, notes=list(notes))
+    notes = list(notes)
+    if late_kept:
+        notes.append(f"{late_kept} batches were enqueued slower than the GPU ran them even behind a "
+                     f"{HOLD_MAX_US / 1e3:g} ms hold: their times may include launch gaps")
+    return _record(samples, stop, "cuda-event", cfg, warm, stopper.elapsed(), calls_per_sample=1, notes=notes,
+                   hold_us=hold_us, holds_expired=expired)
 
 
 def _capture(body: Call) -> torch.cuda.CUDAGraph:

@@ -30,15 +30,22 @@ class FakeDevice:
         self.replays = 0
         self.replay_jitter = lambda i: 0.0  # extra us of the i-th graph replay (noise a real GPU has)
         self.upload_us = 0.0  # extra us of each graph's first replay
+        self.host_us = 0.0  # the host's own clock: it enqueues; the GPU cannot start what is not enqueued yet
+        self.launch_us = 0.0  # host time to launch one call (a Python wrapper's); the flush costs none
 
-    def kernel(self, us: float, fail_in_capture: bool = False):
+    def run(self, us: float) -> None:
+        """The GPU runs `us` of work once it is enqueued and the work before it is done."""
+        self.clock_us = max(self.clock_us, self.host_us) + us
+
+    def kernel(self, us: float, fail_in_capture: bool = False, host: bool = True):
         def launch() -> None:
             if self.capturing is not None:
                 if fail_in_capture:
                     raise RuntimeError("operation not permitted when stream is capturing")
                 self.capturing.append(us)
             else:
-                self.clock_us += us
+                self.host_us += self.launch_us if host else 0.0
+                self.run(us)
                 self.launched += 1
         return launch
 
@@ -51,8 +58,12 @@ class FakeDevice:
 
             def record(self) -> None:
                 assert device.capturing is None, "an event recorded inside a capture"
+                device.run(0.0)
                 self.t = device.clock_us
                 device.recorded_on.add(device.current)
+
+            def query(self) -> bool:  # done: the GPU passed it by the host's present time
+                return self.t is not None and self.t <= device.host_us
 
             def synchronize(self) -> None:
                 pass
@@ -66,7 +77,7 @@ class FakeDevice:
                 self.replayed = False
 
             def replay(self) -> None:
-                device.clock_us += device.upload_us * (not self.replayed)  # a graph's first replay uploads it
+                device.run(device.upload_us * (not self.replayed))  # a graph's first replay uploads it
                 self.replayed = True
                 device.clock_us += sum(self.kernels) + device.replay_jitter(device.replays)
                 device.replays += 1
@@ -92,11 +103,15 @@ class FakeDevice:
             finally:
                 device.current = before
 
+        def synchronize(*args) -> None:
+            device.host_us = max(device.host_us, device.clock_us)
+
         for name, value in {"Event": Event, "CUDAGraph": CUDAGraph, "graph": graph, "Stream": Stream,
                             "current_stream": Stream, "stream": lambda s: contextlib.nullcontext(),
-                            "synchronize": lambda *a: None, "device": current}.items():
+                            "synchronize": synchronize, "device": current,
+                            "_sleep": lambda cycles: device.run(cycles / timing.CYCLES_PER_US)}.items():
             monkeypatch.setattr(torch.cuda, name, value, raising=False)
-        monkeypatch.setattr(timing, "flusher", lambda dev, enabled: self.kernel(flush_us) if enabled else
+        monkeypatch.setattr(timing, "flusher", lambda dev, enabled: self.kernel(flush_us, host=False) if enabled else
                             (lambda: None))
 
 
@@ -116,6 +131,41 @@ def test_events_time_the_call_and_leave_the_flush_out(gpu, kernel_us):
     rec = timing.time_cuda_events([gpu.kernel(kernel_us)], CFG, "cuda:0")
     assert rec["timer"] == "cuda-event" and rec["median"] == pytest.approx(kernel_us)
     assert rec["min"] == rec["max"] and rec["converged"] and rec["l2_flush"] is True
+
+
+def test_events_keep_the_hosts_launch_time_out(gpu, monkeypatch):
+    """The first H200 run: kda.gate's 3.6 us kernel timed 60.5 us with events (the GPU waited for the wrapper's launch
+    after each flush). Behind the hold, each batch is enqueued before the GPU gets to it: the kernel's 3 us."""
+    gpu.launch_us = 100.0
+    rec = timing.time_cuda_events([gpu.kernel(3.0)], CFG, "cuda:0")
+    assert rec["median"] == pytest.approx(3.0) and rec["holds_expired"] == 0 and rec["hold_us"] == timing.HOLD_START_US
+    monkeypatch.setattr(timing, "_hold", lambda us: None)  # what the timer measured before: the launch gap
+    # the GPU idled from the flush's end (the previous kernel's 3 us and the 40 us flush after its launch) until this
+    # launch, 100 us after the previous one: 100 - 43 + 3
+    assert timing.time_cuda_events([gpu.kernel(3.0)], CFG, "cuda:0")["median"] == pytest.approx(60.0)
+
+
+def test_a_hold_the_gpu_outran_is_doubled_and_its_batch_discarded(gpu, monkeypatch):
+    monkeypatch.setattr(timing, "HOLD_START_US", 100.0)
+    gpu.launch_us = 100.0  # a batch of 16 needs 1.6 ms of hold: 100, 200, 400, 800 us ran out
+    rec = timing.time_cuda_events([gpu.kernel(3.0)], CFG, "cuda:0")
+    assert rec["holds_expired"] == 4 and rec["hold_us"] == 1600.0
+    assert set(rec["samples"]) == {3.0} and not rec["notes"]
+
+
+def test_long_calls_need_no_longer_hold(gpu):
+    gpu.launch_us = 100.0  # the GPU stays behind the host: no batch is discarded
+    rec = timing.time_cuda_events([gpu.kernel(500.0)], CFG, "cuda:0")
+    assert rec["holds_expired"] == 0 and rec["median"] == pytest.approx(500.0)
+
+
+def test_a_host_slower_than_the_longest_hold_is_said(gpu, monkeypatch):
+    monkeypatch.setattr(timing, "HOLD_START_US", 100.0)
+    monkeypatch.setattr(timing, "HOLD_MAX_US", 400.0)
+    gpu.launch_us = 100.0
+    rec = timing.time_cuda_events([gpu.kernel(3.0)], dataclasses.replace(CFG, max_samples=32), "cuda:0")
+    assert rec["hold_us"] == 400.0 and rec["holds_expired"] == 2
+    assert "2 batches were enqueued slower than the GPU ran them" in rec["notes"][0]
 
 
 def test_events_rotate_the_input_sets(gpu):
