@@ -94,3 +94,31 @@ def test_the_profiled_cases_exist_and_are_in_the_gpu_check():
     assert profiles.main("unused", device="cpu", dry=True) == 0  # every op, backend and axis value resolves
     script = (Path(__file__).parent / "gpu" / "run_gpu_check.sh").read_text()
     assert "tests/gpu/profiles.py /tmp/gpu-profiles" in script and "gpu-profiles" in script.split("tar ")[-1]
+
+
+def test_the_fault_locator_picks_each_backends_first_cuda_fault(tmp_path):
+    """Step 4b re-runs, per (op, backend, dtype), the first case that died of a CUDA fault: named in its error, its
+    worker's log or its earlier (unconfirmed) error; a mismatch, a start-up crash or an OOM is no fault to locate."""
+    import json
+
+    import locate_faults
+
+    def rec(op, backend, status, params, **extra):
+        return {"op": op, "backend": backend, "dtype": "bf16", "status": status, "params": params, **extra}
+
+    rows = [rec("kda.gate", "triton", "mismatch", {"tokens": 1}, error="err_ratio 3"),
+            rec("kda.gate", "triton", "crash", {"tokens": 2}, error="worker died during start-up (exit code 1)"),
+            rec("kda.gate", "triton", "error", {"tokens": 3},
+                error="RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered"),
+            rec("kda.gate", "triton", "error", {"tokens": 4}, error="CUDA error: an illegal memory access"),
+            rec("moe.experts", "torch", "crash", {"tokens": 1}, error="worker killed by SIGABRT",
+                worker_log_tail="CUDA error: misaligned address\nAborted"),
+            rec("moe.experts", "triton", "oom", {"tokens": 1}, error="CUDA out of memory")]
+    for name, part in (("a", rows[:3]), ("b", rows[3:])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    found = locate_faults.faulting_cases([tmp_path / "a", tmp_path / "b", tmp_path / "missing"])
+    assert [(c["op"], c["backend"], c["params"]) for c in found] == [("kda.gate", "triton", {"tokens": 3}),
+                                                                    ("moe.experts", "torch", {"tokens": 1})]
+    script = (Path(__file__).parent / "gpu" / "run_gpu_check.sh").read_text()
+    assert "tests/gpu/locate_faults.py /tmp/gpu-faults.jsonl /tmp/gpu-correct /tmp/gpu-targets/*" in script

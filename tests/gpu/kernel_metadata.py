@@ -5,7 +5,9 @@ Runs the triton backends of every op in-process on the GPU at each quick-sweep p
 then reads each compiled kernel from the JIT caches: `n_regs` / `n_spills` after the driver loaded it, and
 `metadata.shared`. With an offline JSON (`spark-bench kernels --quick --select all --json` made with the same
 Triton), each kernel is matched by (name, constexprs, num_warps, num_stages) and both figures are written side by
-side. Usage: python tests/gpu/kernel_metadata.py OUT.json [OFFLINE.json]
+side. Usage: python tests/gpu/kernel_metadata.py OUT.json [OFFLINE.json] [--budget S]: within S seconds (default 30)
+it stops launching and writes what compiled so far (on the first H200 run `timeout 40` killed it before it wrote
+anything: the JIT compiled every kernel on the clock).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def _constexprs(fn, kernel) -> dict:
     return out
 
 
-def main(out_path: str, offline_path: str | None = None) -> None:
+def main(out_path: str, offline_path: str | None = None, budget_s: float = 30.0) -> None:
     import torch
 
     from spark_bench.registry import registry
@@ -50,7 +52,11 @@ def main(out_path: str, offline_path: str | None = None) -> None:
     reg = registry()
     ran, failed = 0, []
     start = time.monotonic()
+    skipped = []
     for op in reg.ops.values():
+        if time.monotonic() - start > budget_s:
+            skipped.append(op.name)
+            continue
         backends = [b for name, b in op.backends.items() if name.startswith("triton")]
         dtype = "bf16" if "bf16" in op.tolerance else next(iter(op.tolerance))
         for params in op.points(quick=True):
@@ -87,11 +93,14 @@ def main(out_path: str, offline_path: str | None = None) -> None:
                        offline_shared=match["shared"], offline_triton=match["triton"])
         rows.append(row)
     with open(out_path, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "calls": ran, "failed": failed,
+        json.dump({"device": torch.cuda.get_device_name(), "calls": ran, "failed": failed, "not_run": skipped,
                    "seconds": time.monotonic() - start, "kernels": rows}, f, indent=1)
     print(f"{len(rows)} compiled kernels ({sum('offline_regs' in r for r in rows)} matched offline), {ran} calls, "
-          f"{len(failed)} failed, {time.monotonic() - start:.0f} s")
+          f"{len(failed)} failed, {len(skipped)} ops not run (budget), {time.monotonic() - start:.0f} s")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    args = sys.argv[1:]
+    budget = float(args.pop(args.index("--budget") + 1)) if "--budget" in args else 30.0
+    args = [a for a in args if a != "--budget"]
+    main(*args, budget_s=budget)

@@ -1,0 +1,97 @@
+"""Which kernel launch faults, for every backend whose case died of a CUDA fault in the GPU check's runs (step 4c).
+
+A CUDA fault (illegal memory access, misaligned address) is reported at the next synchronisation, so a record's
+error names no kernel. For each (op, backend) with such a case in the given run directories, its first faulting
+case runs again in a fresh process with CUDA_LAUNCH_BLOCKING=1: every launch then waits for its kernel, and the
+traceback ends at the launch that faulted (a wrapper in kernels/). The frames under kernels/ and plugins/ and the
+error are printed and written as JSON lines. Next step, without a GPU: `spark_bench.kernelgate.memcheck` on that
+kernel at that shape. Usage: python tests/gpu/locate_faults.py OUT.jsonl RUN_DIR... [--budget S]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+FAULTS = ("illegal memory access", "misaligned address", "illegal instruction", "unspecified launch failure")
+
+
+def faulting_cases(run_dirs: list[Path]) -> list[dict]:
+    """The first record per (op, backend, dtype) whose error or worker log names a CUDA fault."""
+    seen, out = set(), []
+    for run in run_dirs:
+        path = run / "results.jsonl"
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            text = " ".join(str(x) for x in (r.get("error"), r.get("worker_log_tail"), r.get("earlier_errors"))).lower()
+            key = (r["op"], r["backend"], r.get("dtype"))
+            if r.get("status") in ("crash", "error") and any(f in text for f in FAULTS) and key not in seen:
+                seen.add(key)
+                out.append({"op": r["op"], "backend": r["backend"], "dtype": r.get("dtype") or "bf16",
+                            "params": r["params"], "run": str(run)})
+    return out
+
+
+def run_one(case: dict) -> None:
+    """In a process with CUDA_LAUNCH_BLOCKING=1: the case's call, its outcome as one JSON line on stdout."""
+    import traceback
+
+    from spark_bench import get_op
+
+    op = get_op(case["op"])
+    try:
+        inputs = op.make_inputs(case["params"], device="cuda", dtype=case["dtype"], seed=0)
+        import torch
+
+        torch.cuda.synchronize()  # the inputs are fine: what faults after this is the backend's
+        op.backends[case["backend"]].fn(**inputs)
+        torch.cuda.synchronize()
+        outcome = {"faulted": False}
+    except Exception as exc:  # noqa: BLE001 - the fault is the finding
+        frames = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_tb(exc.__traceback__)
+                  if "/kernels/" in f.filename or "/plugins/" in f.filename]
+        outcome = {"faulted": True, "error": f"{type(exc).__name__}: {exc}"[:400], "frames": frames}
+    print(json.dumps({**case, **outcome}), flush=True)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--one"]:
+        run_one(json.loads(argv[1]))
+        return 0
+    budget = float(argv[argv.index("--budget") + 1]) if "--budget" in argv else 60.0
+    argv = [a for i, a in enumerate(argv) if a != "--budget" and (i == 0 or argv[i - 1] != "--budget")]
+    out, runs = Path(argv[0]), [Path(a) for a in argv[1:]]
+    cases = faulting_cases(runs)
+    print(f"faults: {len(cases)} (op, backend) with a CUDA fault in {len(runs)} runs", flush=True)
+    end = time.monotonic() + budget
+    with out.open("w") as f:
+        for case in cases:
+            left = end - time.monotonic()
+            if left < 5:
+                print(f"faults: no time left for {case['op']} {case['backend']}", flush=True)
+                continue
+            env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
+            try:
+                proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(case)], env=env, timeout=left,
+                                      capture_output=True, text=True)
+                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+                row = json.loads(lines[-1]) if lines else {**case, "error": f"exit {proc.returncode}",
+                                                           "stderr": proc.stderr[-1500:]}
+            except subprocess.TimeoutExpired:
+                row = {**case, "error": f"no result within {left:.0f} s"}
+            f.write(json.dumps(row) + "\n")
+            print(f"faults: {row['op']} {row['backend']} {row['params']}: {row.get('error', 'no fault')} "
+                  f"at {' <- '.join(reversed(row.get('frames') or [])) or '?'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
