@@ -15,6 +15,7 @@ from spark_bench.console import console, failures_table, results_table, summary_
 from spark_bench.devices import check_device, default_device
 from spark_bench.history.cli import history
 from spark_bench.kernelgate.cli import kernels
+from spark_bench.kernelgate.memcheck_cli import memcheck_cmd
 from spark_bench.kernelgate.traffic import traffic_cmd
 from spark_bench.options import (
     RESULTS_ROOT,
@@ -237,6 +238,7 @@ for _command in (report, compare, calibrate, profile):  # the commands of the re
     main.add_command(_command)
 main.add_command(history)  # spark_bench/history: the performance history across runs and commits
 main.add_command(kernels)  # spark_bench/kernelgate: the offline GPU compile gate
+main.add_command(memcheck_cmd)  # spark_bench/kernelgate/memcheck.py: out-of-bounds accesses, interpreted
 main.add_command(traffic_cmd)  # spark_bench/kernelgate/traffic.py: bytes per kernel, counted in the interpreter
 main.add_command(tune)  # spark_bench/tune: the best config of each declared kernel on this device
 main.add_command(tuned)

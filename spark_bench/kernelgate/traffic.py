@@ -78,42 +78,21 @@ def counting() -> Iterator[dict[str, KernelTraffic]]:
     """Count the traffic of every interpreted launch inside the block: {kernel name: KernelTraffic}."""
     import triton.runtime.interpreter as interp
 
-    from spark_bench.kernels import common
+    from spark_bench.kernelgate.interpreter_hooks import access_hooks, as_on_gpu, patched
 
     builder, executor = interp.InterpreterBuilder, interp.GridExecutor
-    saved = {name: getattr(builder, name) for name in ("create_masked_load", "create_masked_store",
-                                                       "create_atomic_rmw", "create_atomic_cas")}
     special = {name: getattr(builder, name) for name in _TRANSCENDENTALS}
-    saved_call, saved_widen = executor.__call__, common.WIDEN_WHEN_INTERPRETING
+    saved_call = executor.__call__
     totals: dict[str, KernelTraffic] = {}
     current: list[tuple[KernelTraffic, _Launch]] = []
 
-    def itemsize(handle) -> int:
-        return interp._get_np_dtype(handle.get_element_ty()).itemsize
-
-    def masked_load(self, ptrs, mask, *args, **kwargs):
+    def on_access(kind: str, ptrs, mask, size: int) -> None:
         if current:
             row, launch = current[-1]
-            row.read_issued += launch.add(launch.read, ptrs.data, mask.data, itemsize(ptrs))
-        return saved["create_masked_load"](self, ptrs, mask, *args, **kwargs)
-
-    def masked_store(self, ptrs, value, mask, *args, **kwargs):
-        if current:
-            row, launch = current[-1]
-            row.written_issued += launch.add(launch.written, ptrs.data, mask.data, itemsize(ptrs))
-        return saved["create_masked_store"](self, ptrs, value, mask, *args, **kwargs)
-
-    def atomic(name):
-        def counted(self, *args, **kwargs):
-            ptrs = next(a for a in args if hasattr(a, "get_element_ty") and hasattr(a, "data"))
-            mask = kwargs.get("mask", args[-3] if name == "create_atomic_rmw" else None)
-            if current:
-                row, launch = current[-1]
-                m = getattr(mask, "data", None)
-                row.read_issued += launch.add(launch.read, ptrs.data, m, itemsize(ptrs))
-                row.written_issued += launch.add(launch.written, ptrs.data, m, itemsize(ptrs))
-            return saved[name](self, *args, **kwargs)
-        return counted
+            if kind != "store":  # an atomic reads and writes
+                row.read_issued += launch.add(launch.read, ptrs.data, mask, size)
+            if kind != "load":
+                row.written_issued += launch.add(launch.written, ptrs.data, mask, size)
 
     def transcendental(name):
         def counted(self, x, *args, **kwargs):
@@ -135,19 +114,9 @@ def counting() -> Iterator[dict[str, KernelTraffic]]:
             row.read_unique += launch.unique_bytes(launch.read)
             row.written_unique += launch.unique_bytes(launch.written)
 
-    builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
-    builder.create_atomic_rmw, builder.create_atomic_cas = atomic("create_atomic_rmw"), atomic("create_atomic_cas")
-    for name in special:
-        setattr(builder, name, transcendental(name))
-    executor.__call__ = call
-    common.WIDEN_WHEN_INTERPRETING = False
-    try:
+    hooks = access_hooks(on_access) | {name: transcendental(name) for name in special}
+    with patched(builder, hooks), patched(executor, {"__call__": call}), as_on_gpu():
         yield totals
-    finally:
-        for name, fn in (saved | special).items():
-            setattr(builder, name, fn)
-        executor.__call__ = saved_call
-        common.WIDEN_WHEN_INTERPRETING = saved_widen
 
 
 def traffic_of(op, backend: str, params: dict[str, Any], dtype: str, seed: int = 0) -> dict[str, Any]:

@@ -1,0 +1,141 @@
+"""Out-of-bounds loads and stores of Triton kernels, found without a GPU: the interpreter with every access checked.
+
+Under `memcheck()`, each interpreted launch records the storages its tensor arguments live in, and every load, store
+and atomic checks that each address its mask lets through lies, with its element's bytes, inside one of them. A
+violation raises `OutOfBounds`, naming the kernel, the program, the access and where the address points (bytes past
+or before the nearest argument's storage). This is the interpreter's compute-sanitizer: stricter than a GPU, which
+faults only outside mapped memory (an out-of-bounds read inside the caching allocator's pool goes unnoticed there).
+
+With `target` (a `kernelgate.targets.Target`), wrappers size their grids and pick their configs as on that GPU
+(`triton_env.set_capture_target`): its SM count, its per-target config rules. So the launches checked are the ones the
+GPU would run, not the interpreter's one-program-per-SM defaults. The first H200 run (2026-12-05) met an illegal
+memory access in the chunk prefill at 64k tokens that no interpreted test had shown; this is how to look for such a
+fault here. `spark-bench kernels --memcheck` runs it over the sweep's points (CPU, slow: small shapes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+
+_state = threading.local()  # the launch being interpreted: (kernel name, [(lo, hi, arg name)])
+
+
+class OutOfBounds(RuntimeError):
+    """An interpreted kernel touched memory outside every tensor argument's storage."""
+
+
+def _ranges(names: list[str], args: list) -> list[tuple[int, int, str]]:
+    """[(lo, hi, argument)] of every tensor argument's storage (views of one storage share it)."""
+    out, seen = [], set()
+    for name, arg in zip(names, args, strict=False):
+        if not hasattr(arg, "untyped_storage"):
+            continue
+        storage = arg.untyped_storage()
+        lo = storage.data_ptr()
+        if lo in seen or storage.nbytes() == 0:
+            continue
+        seen.add(lo)
+        out.append((lo, lo + storage.nbytes(), name))
+    return sorted(out)
+
+
+def _where(address: int, ranges: list[tuple[int, int, str]]) -> str:
+    """Where a bad address points, relative to the nearest argument's storage."""
+    if not ranges:
+        return "the launch has no tensor arguments"
+    lo, hi, name = min(ranges, key=lambda r: min(abs(address - r[0]), abs(address - r[1])))
+    if address >= hi:
+        return f"{address - hi} bytes past the end of `{name}` ({hi - lo} bytes)"
+    if address < lo:
+        return f"{lo - address} bytes before `{name}` ({hi - lo} bytes)"
+    return f"at byte {address - lo} of `{name}` ({hi - lo} bytes), its element crossing the end"
+
+
+def check(kind: str, ptrs, mask, itemsize: int) -> None:
+    """Raise OutOfBounds when an address that `mask` lets through (all, when None) is outside the launch's storages."""
+    launch = getattr(_state, "launch", None)
+    if launch is None:
+        return
+    name, ranges, grid_idx = launch[0], launch[1], launch[2]()
+    addresses = np.asarray(ptrs, dtype=np.uint64)
+    if mask is not None:
+        addresses = addresses[np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape)]
+    addresses = addresses.ravel().astype(np.int64, copy=False)  # user-space addresses fit in 63 bits
+    if addresses.size == 0:
+        return
+    los = np.array([r[0] for r in ranges], dtype=np.int64)
+    his = np.array([r[1] for r in ranges], dtype=np.int64)
+    index = np.searchsorted(los, addresses, side="right") - 1
+    inside = (index >= 0) & (addresses + itemsize <= his[np.maximum(index, 0)])
+    if not inside.all():
+        bad = addresses[~inside]
+        raise OutOfBounds(f"{name} program {grid_idx}: {kind} of {bad.size} of {addresses.size} elements out of "
+                          f"bounds; the first {_where(int(bad[0]), ranges)}")
+
+
+def edge_programs(index: tuple, grid: tuple, width: int = 2) -> bool:
+    """The first and last `width` programs along every grid axis at once (the corners of the grid)."""
+    return all(i < width or i >= n - width for i, n in zip(index, grid, strict=False))
+
+
+@contextlib.contextmanager
+def memcheck(target=None, programs=None) -> Iterator[dict[str, int]]:
+    """Check every interpreted launch's memory accesses in this block (TRITON_INTERPRET=1 must be set before the
+    kernels were decorated), with the block sizes the wrappers declare for a GPU (no interpreter widening); with
+    `target`, launch as on that GPU. `programs(index, grid) -> bool` runs only the programs it picks (the others'
+    outputs stay unwritten): a full-size launch, too slow to interpret whole, checked at its edges, where offsets are
+    largest (`edge_programs`). Yields {"launches": n}: how many interpreted launches it checked."""
+    from triton.runtime import interpreter
+
+    from spark_bench import triton_env
+    from spark_bench.kernelgate.interpreter_hooks import access_hooks, as_on_gpu, patched
+
+    builder, executor = interpreter.InterpreterBuilder, interpreter.GridExecutor
+    saved_idx, saved_call, saved_init = builder.set_grid_idx, executor.__call__, executor._init_args_hst
+    counts = {"launches": 0}
+
+    def on_access(kind: str, ptrs, mask, size: int) -> None:
+        check(kind, ptrs.data, mask, size)
+
+    def init_args(self, args_dev, kwargs):  # the host copies the kernel's pointers point into
+        args_hst, kwargs_hst = saved_init(self, args_dev, kwargs)
+        names = [*self.arg_names[:len(args_hst)], *kwargs_hst]
+        _state.launch = (self.fn.__name__, _ranges(names, [*args_hst, *kwargs_hst.values()]),
+                         lambda: tuple(interpreter.interpreter_builder.grid_idx))
+        return args_hst, kwargs_hst
+
+    def call(self, *args, **kwargs):
+        previous, grid = getattr(_state, "launch", None), self.grid
+        counts["launches"] += 1
+        if programs is not None and not callable(grid):  # run only the picked programs, with their real ids
+            real = tuple(grid) + (1,) * (3 - len(grid))
+            _state.picks = [i for i in itertools.product(*map(range, real)) if programs(i, real)]
+            _state.real = real
+            self.grid = (len(_state.picks), 1, 1)
+        try:
+            return saved_call(self, *args, **kwargs)
+        finally:
+            _state.launch, self.grid, _state.picks = previous, grid, None
+
+    def set_grid_dim(self, nx, ny, nz):
+        self.grid_dim = _state.real if getattr(_state, "picks", None) is not None else (nx, ny, nz)
+
+    def set_grid_idx(self, x, y, z):
+        picks = getattr(_state, "picks", None)
+        saved_idx(self, *picks[x]) if picks is not None else saved_idx(self, x, y, z)
+
+    hooks = access_hooks(on_access) | {"set_grid_dim": set_grid_dim, "set_grid_idx": set_grid_idx}
+    if target is not None:
+        triton_env.set_capture_target(target)
+    try:
+        with (patched(builder, hooks), patched(executor, {"__call__": call, "_init_args_hst": init_args}),
+              as_on_gpu()):
+            yield counts
+    finally:
+        if target is not None:
+            triton_env.set_capture_target(None)

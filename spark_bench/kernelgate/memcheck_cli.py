@@ -1,0 +1,78 @@
+"""`spark-bench memcheck`: every Triton backend's launches interpreted on the CPU with each access bounds-checked,
+launched as on a GPU target (its SM count, its config rules). Exit 0: no access out of bounds; 1: one or more (or a
+case that failed otherwise); 2: usage. Slow as the interpreter is: the quick shapes by default, `--set` for others."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+
+import click
+
+from spark_bench.kernelgate.targets import TARGETS
+from spark_bench.sweep import SweepSpec, UsageError, dtype_list, merge_sets
+
+
+def check_case(op, backend, case, target, edges: bool) -> tuple[str, str]:
+    """(status, detail) of one case's backend call under memcheck: ok, no-kernel (it launched no interpreted Triton
+    kernel: nothing was checked), out-of-bounds or error."""
+    from spark_bench.kernelgate.memcheck import OutOfBounds, edge_programs, memcheck
+
+    inputs = op.make_inputs(case.params, device="cpu", dtype=case.dtype, seed=case.seed)
+    try:
+        with memcheck(target, programs=edge_programs if edges else None) as counts:
+            backend.fn(**inputs)
+    except Exception as exc:  # noqa: BLE001 - the interpreter wraps the kernel's exception in InterpreterError
+        cause, seen = exc, 0
+        while cause is not None and not isinstance(cause, OutOfBounds) and seen < 5:
+            cause, seen = cause.__cause__ or cause.__context__, seen + 1
+        if isinstance(cause, OutOfBounds):
+            return "out-of-bounds", str(cause)
+        return "error", f"{type(exc).__name__}: {exc}"[:300]
+    return ("ok", f"{counts['launches']} launches") if counts["launches"] else ("no-kernel", "nothing checked")
+
+
+@click.command("memcheck")
+@click.option("--op", "ops", multiple=True, help="Op name or glob (repeatable; default: all ops).")
+@click.option("--backend", "backends", multiple=True, default=("triton*",), show_default=True,
+              help="Backends to check, as globs (Triton ones: others launch no interpreted kernel).")
+@click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Override an axis, as for `run`.")
+@click.option("--preset", default=None, help="A model preset's shapes.")
+@click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes (default: the quick sweep's).")
+@click.option("--target", "target_name", type=click.Choice(list(TARGETS)), default="sm_90a", show_default=True,
+              help="Launch as on this GPU: its SM count sizes persistent grids, its rules pick the configs.")
+@click.option("--sms", type=click.IntRange(min=1), default=None,
+              help="Pretend the target has this many SMs (e.g. 2: a persistent grid loops at small shapes).")
+@click.option("--edges", is_flag=True,
+              help="Run only the grid's corner programs (first and last two along each axis): a full-size launch, "
+                   "checked where its offsets are largest, in interpreter time a small one costs.")
+def memcheck_cmd(ops, backends, sets, preset, dtypes, target_name, sms, edges) -> None:
+    """Bounds-check every load, store and atomic of the Triton backends' kernels, interpreted on the CPU, at the quick
+    sweep's points (or --set / --preset ones), launched as on a GPU target. Exit 1 when an access is out of bounds."""
+    os.environ["TRITON_INTERPRET"] = "1"  # before any plugin imports its kernels
+    from spark_bench.registry import registry
+    from spark_bench.sweep import build_cases
+
+    reg = registry()
+    spec = SweepSpec(ops=list(ops), backends=list(backends), preset=preset, overrides=dict(merge_sets(sets)),
+                     dtypes=dtype_list(dtypes), device="cpu", quick=preset is None)
+    cases = [c for c in build_cases(reg, spec) if not c.skip]
+    if not cases:
+        raise UsageError("the selection has no cases to check (no Triton backend or parameter point matches)")
+    target = TARGETS[target_name] if sms is None else dataclasses.replace(TARGETS[target_name], sm_count=sms)
+    bad = unchecked = 0
+    for i, case in enumerate(cases, 1):
+        op = reg.ops[case.op]
+        start = time.monotonic()
+        status, detail = check_case(op, op.backends[case.backend], case, target, edges)
+        bad += status not in ("ok", "no-kernel")
+        unchecked += status == "no-kernel"
+        params = " ".join(f"{k}={v}" for k, v in case.params.items())
+        click.echo(f"[{i}/{len(cases)} {time.monotonic() - start:.0f}s] {status:13} {case.op} {case.backend} "
+                   f"{params} {case.dtype}: {detail}")
+    click.echo(f"memcheck on {target.name} ({target.sm_count} SMs{', edge programs' if edges else ''}): "
+               f"{len(cases)} cases, {bad} with an access out of bounds or an error"
+               + (f", {unchecked} launched no interpreted kernel (nothing checked)" if unchecked else ""))
+    sys.exit(1 if bad else 0)

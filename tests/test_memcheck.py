@@ -1,0 +1,94 @@
+"""spark_bench.kernelgate.memcheck: out-of-bounds accesses of interpreted Triton kernels, and `spark-bench memcheck`.
+
+A toy kernel shows what is caught (an unmasked read one element past a tensor, an atomic past its end), what is not
+(addresses a mask turns off), and that a sampled launch runs only its picked programs, with their real ids. Then
+every Triton backend of every op runs at the quick sweep's points, launched as on sm_90a (its configs, its 132-SM
+persistent grids) and on a 2-SM sm_90a (where persistent grids loop over many items): no access out of bounds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from conftest import run_cli
+
+from spark_bench.kernelgate.memcheck import OutOfBounds, edge_programs, memcheck
+
+
+@triton.jit
+def _copy(x, y, n, EXTRA: tl.constexpr, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + o, tl.load(x + o, mask=o < n + EXTRA), mask=o < n)
+
+
+@triton.jit
+def _count(counter, slot):
+    tl.atomic_add(counter + slot, 1)
+
+
+def _cause(exc: BaseException) -> BaseException:
+    while not isinstance(exc, OutOfBounds) and (exc.__cause__ or exc.__context__) is not None:
+        exc = exc.__cause__ or exc.__context__
+    return exc
+
+
+@pytest.mark.parametrize("n", [100, 37])
+def test_a_read_one_past_the_end_is_caught_and_masked_addresses_are_not(n):
+    x, y = torch.randn(n), torch.empty(n)
+    with memcheck():
+        _copy[(triton.cdiv(n, 32),)](x, y, n, EXTRA=0, BLOCK=32)  # the last block's lanes past n: masked off
+        assert torch.equal(x, y)
+        with pytest.raises(Exception) as info:
+            _copy[(triton.cdiv(n, 32),)](x, y, n, EXTRA=1, BLOCK=32)
+    cause = _cause(info.value)
+    assert isinstance(cause, OutOfBounds), info.value
+    last = triton.cdiv(n, 32) - 1
+    assert f"_copy program ({last}, 0, 0): load of 1 of" in str(cause)
+    assert f"0 bytes past the end of `x` ({4 * n} bytes)" in str(cause)
+
+
+def test_an_atomic_past_the_end_is_caught():
+    counter = torch.zeros(4, dtype=torch.int32)
+    with memcheck():
+        _count[(1,)](counter, 3)
+        with pytest.raises(Exception) as info:
+            _count[(1,)](counter, 4)
+    assert "atomic of 1 of 1 elements out of bounds" in str(_cause(info.value))
+    assert counter.tolist() == [0, 0, 0, 1]
+
+
+def test_outside_the_block_nothing_is_checked():
+    x, y = torch.randn(40), torch.empty(40)
+    _copy[(2,)](x, y, 40, EXTRA=0, BLOCK=32)  # unchecked here (an out-of-bounds read would go unnoticed)
+    assert torch.equal(x, y)
+
+
+def test_a_sampled_launch_runs_only_its_edge_programs_with_their_real_ids():
+    n = 32 * 9
+    x, y = torch.randn(n), torch.zeros(n)
+    with memcheck(programs=edge_programs):
+        _copy[(9,)](x, y, n, EXTRA=0, BLOCK=32)
+    ran = [bool(y[32 * p:32 * (p + 1)].ne(0).all()) for p in range(9)]
+    assert ran == [True, True, False, False, False, False, False, True, True]
+    assert torch.equal(y[-64:], x[-64:])
+
+
+@pytest.mark.parametrize("sms", ["132", "2"])
+def test_every_triton_backend_stays_in_bounds_at_the_quick_points(sms):
+    code, out, err = run_cli("memcheck", "--target", "sm_90a", "--sms", sms)
+    assert code == 0, out[-3000:] + err
+    assert " 0 with an access out of bounds or an error" in out and "out-of-bounds" not in out
+    assert f"memcheck on sm_90a ({sms} SMs)" in out
+
+
+def test_a_backend_without_triton_kernels_is_not_called_checked():
+    code, out, err = run_cli("memcheck", "--op", "kda.gate", "--backend", "torch", "--set", "tokens=1",
+                             "--set", "head_dim=60")
+    assert code == 0 and "no-kernel" in out and "1 launched no interpreted kernel (nothing checked)" in out
+
+
+def test_memcheck_usage_errors_are_one_line():
+    code, out, err = run_cli("memcheck", "--op", "nope.*")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
