@@ -7,14 +7,11 @@ power settings; it only reads and warns.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterable
 from typing import Any
 
 from spark_bench.telemetry.nvml import CAP_REASONS_MASK, MIG_NOTE, Source, open_source, reason_names
-
-log = logging.getLogger("spark_bench.telemetry")
 
 SM_CLOCK_FLOOR = 0.75  # nvbench discards samples below 75% of the default SM clock
 IDLE_CLOCK_FRACTION = 0.5
@@ -63,8 +60,9 @@ def _visible(pid: int) -> bool:
 
 
 def preflight(device: Any = 0, *, source: Source | None = None, own_pids: Iterable[int] = ()) -> dict[str, Any]:
-    """Pre-run check of a GPU: {"ok", "warnings": [one line each], "records": {...}, "reason"}. Warns (and logs)
-    when other processes use the GPU, the clocks look idle, the power limit is below its default, or a cap reason
+    """Pre-run check of a GPU: {"ok", "warnings": [one line each], "records": {...}, "reason"}. Warns (the caller
+    prints them: logging them too printed each twice on the first H200 run) when other processes use the GPU, the
+    clocks look idle, the power limit is below its default, or a cap reason
     is already set. `reason` says why nothing could be checked (no NVML); then ok is None.
 
     `own_pids`: the run's own processes besides this one (its prestarted workers, which may hold a CUDA context
@@ -108,6 +106,4 @@ def preflight(device: Any = 0, *, source: Source | None = None, own_pids: Iterab
     capped = reason_names((reasons or 0) & CAP_REASONS_MASK)
     if capped:
         warnings.append("clocks already held down before the run: " + ", ".join(capped))
-    for line in warnings:
-        log.warning("preflight: %s", line)
     return {"ok": not warnings, "warnings": warnings, "records": records, "reason": None}
