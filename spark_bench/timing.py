@@ -256,6 +256,26 @@ def time_cuda_events(calls: Sequence[Call], cfg: TimingConfig, device: str, batc
                    hold_us=hold_us, holds_expired=expired)
 
 
+class CaptureFailed(RuntimeError):
+    """A graph capture failed; torch 2.11's allocator may still believe a capture is underway (pytorch#180395), so
+    every later capture and empty_cache() of this process can fail: the worker is restarted after the case."""
+
+
+def host_sync_of(call: Call) -> str | None:
+    """Why `call` cannot be captured in a graph, when it synchronises with the host (`.item()`, `.cpu()`, nonzero):
+    one call under torch's sync debug mode "error", before any capture is tried (a failed capture leaves the process
+    in a broken state). None when it does not."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call()
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0][:200]
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    return None
+
+
 def _capture(body: Call) -> torch.cuda.CUDAGraph:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -263,8 +283,13 @@ def _capture(body: Call) -> torch.cuda.CUDAGraph:
         body()  # warm the side stream (allocator pools) before capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
+    before = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph):
+            body()
+    except Exception as exc:
+        torch.cuda.set_stream(before)  # torch.cuda.graph's exit skips restoring it when capture_end raises
+        raise CaptureFailed(f"{type(exc).__name__}: {exc}") from exc
     torch.cuda.synchronize()
     return graph
 
@@ -338,10 +363,16 @@ def _measure_cuda(calls: Sequence[Call], device: str, cfg: TimingConfig) -> dict
         mode = "graph" if estimate < GRAPH_BELOW_US else "events"
     else:
         estimate = 10.0
+    restart = False
+    if mode == "graph" and (sync := host_sync_of(calls[0])) is not None:
+        notes.append(f"not capturable (it synchronises with the host: {sync}), timed with events"[:300])
+        mode = "events"
     if mode == "graph":
         try:
             return time_cuda_graph(calls, cfg, device, estimate)
-        except Exception as exc:  # not capturable (host sync, dynamic allocation): say so and use events
+        except CaptureFailed as exc:  # dynamic allocation and the like: say so, use events, restart the worker after
             torch.cuda.synchronize()
-            notes.append(f"graph capture failed, timed with events: {type(exc).__name__}: {exc}"[:300])
-    return time_cuda_events(calls, cfg, device, notes=notes)
+            notes.append(f"graph capture failed, timed with events: {exc}"[:300])
+            restart = True
+    record = time_cuda_events(calls, cfg, device, notes=notes)
+    return {**record, "restart_worker": True} if restart else record

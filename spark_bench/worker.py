@@ -161,6 +161,8 @@ class CaseRunner:
         calls = [functools.partial(fn, **s) for s in timed_sets]
         before = compile_count()
         timing = measure(calls, case.device, cfg)
+        if timing.pop("restart_worker", False):  # a failed graph capture: no later capture in this process works
+            record["restart_worker"] = True
         record["recompiles_during_timing"] = compile_count() - before
         if record["recompiles_during_timing"]:
             record["labels"].append("recompiled-in-timing")
@@ -188,6 +190,8 @@ class CaseRunner:
             stage_cfg = for_stages(cfg, len(stage_calls))
             record["stages"] = [{"name": name, "timing": measure([call], case.device, stage_cfg)}
                                 for name, call in stage_calls]
+            if any([s["timing"].pop("restart_worker", False) for s in record["stages"]]):
+                record["restart_worker"] = True
         record["status"] = "ok"
 
     def _check_rotated(self, op, backend, fn, case: Case, sets, record: dict[str, Any]) -> bool:

@@ -32,13 +32,18 @@ class FakeDevice:
         self.upload_us = 0.0  # extra us of each graph's first replay
         self.host_us = 0.0  # the host's own clock: it enqueues; the GPU cannot start what is not enqueued yet
         self.launch_us = 0.0  # host time to launch one call (a Python wrapper's); the flush costs none
+        self.sync_debug = "default"  # torch.cuda.set_sync_debug_mode
+        self.captures = 0  # graph captures begun
+        self.streams_set: list = []  # torch.cuda.set_stream calls
 
     def run(self, us: float) -> None:
         """The GPU runs `us` of work once it is enqueued and the work before it is done."""
         self.clock_us = max(self.clock_us, self.host_us) + us
 
-    def kernel(self, us: float, fail_in_capture: bool = False, host: bool = True):
+    def kernel(self, us: float, fail_in_capture: bool = False, host: bool = True, syncs: bool = False):
         def launch() -> None:
+            if syncs and self.sync_debug == "error":
+                raise RuntimeError("called a synchronizing CUDA operation")
             if self.capturing is not None:
                 if fail_in_capture:
                     raise RuntimeError("operation not permitted when stream is capturing")
@@ -85,6 +90,7 @@ class FakeDevice:
 
         @contextlib.contextmanager
         def graph(g: CUDAGraph):
+            device.captures += 1
             device.capturing = g.kernels
             try:
                 yield
@@ -109,6 +115,9 @@ class FakeDevice:
         for name, value in {"Event": Event, "CUDAGraph": CUDAGraph, "graph": graph, "Stream": Stream,
                             "current_stream": Stream, "stream": lambda s: contextlib.nullcontext(),
                             "synchronize": synchronize, "device": current,
+                            "get_sync_debug_mode": lambda: device.sync_debug,
+                            "set_sync_debug_mode": lambda mode: setattr(device, "sync_debug", mode),
+                            "set_stream": device.streams_set.append,
                             "_sleep": lambda cycles: device.run(cycles / timing.CYCLES_PER_US)}.items():
             monkeypatch.setattr(torch.cuda, name, value, raising=False)
         monkeypatch.setattr(timing, "flusher", lambda dev, enabled: self.kernel(flush_us, host=False) if enabled else
@@ -231,10 +240,22 @@ def test_auto_mode_graphs_small_calls_and_uses_events_for_large_ones(gpu, kernel
 
 
 def test_a_call_that_cannot_be_captured_is_timed_with_events_and_says_so(gpu):
+    """A failed capture can leave torch 2.11's allocator believing a capture is underway (every later capture of the
+    process fails): the stream is restored and the worker restarted after the case."""
     rec = timing.measure([gpu.kernel(4.0, fail_in_capture=True)], "cuda:0", CFG)
     assert rec["timer"] == "cuda-event" and rec["median"] == pytest.approx(4.0)
     assert rec["notes"] == ["graph capture failed, timed with events: RuntimeError: operation not permitted when "
                             "stream is capturing"]
+    assert rec["restart_worker"] is True and len(gpu.streams_set) == 1
+
+
+def test_a_call_that_syncs_with_the_host_is_never_captured(gpu):
+    """Found before any capture (sync debug mode "error" around one call), so nothing is left broken."""
+    rec = timing.measure([gpu.kernel(4.0, syncs=True)], "cuda:0", CFG)
+    assert rec["timer"] == "cuda-event" and rec["median"] == pytest.approx(4.0) and gpu.captures == 0
+    assert rec["notes"] == ["not capturable (it synchronises with the host: called a synchronizing CUDA operation), "
+                            "timed with events"]
+    assert "restart_worker" not in rec and gpu.sync_debug == "default"
 
 
 @pytest.mark.parametrize("mode", ["events", "auto"])

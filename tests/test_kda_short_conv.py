@@ -107,3 +107,25 @@ def test_cost_and_availability():
     assert OP.backends["fla"].unavailable("cpu")
     assert len(OP.points(quick=True)) == len({tuple(sorted(p.items())) for p in OP.points(quick=True)})
     assert all(p["batch"] == 1 for p in OP.points() if p["varlen"] != "fixed")
+
+
+def test_fla_gets_one_int64_offsets_tensor_per_cu_seqlens(monkeypatch):
+    """fla caches its chunk indices by the offsets tensor's identity: a fresh .long() per call rebuilt them (a host
+    sync with CUDA offsets) on every timed call of the fla peers. The same int32 tensor now maps to one int64 one,
+    until it is modified in place."""
+    from spark_bench.plugins.kda import short_conv
+    from spark_bench.plugins.kda.core_common import int64_offsets
+
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    first = int64_offsets(cu)
+    assert first.dtype == torch.int64 and first.tolist() == [0, 3, 8] and int64_offsets(cu) is first
+    cu[2] = 9
+    assert int64_offsets(cu) is not first and int64_offsets(cu).tolist() == [0, 3, 9]
+    assert int64_offsets(None) is None and int64_offsets(first) is first
+    fla = pytest.importorskip("fla.modules.causal_conv1d")
+    seen = []
+    monkeypatch.setattr(fla, "causal_conv1d", lambda x, w, **kw: (seen.append(kw["cu_seqlens"]), (x, x))[1])
+    x, w = torch.randn(9, 6), torch.randn(6, 4)
+    for _ in range(2):
+        short_conv.fla_short_conv(x, w, cu)
+    assert seen[0] is seen[1]

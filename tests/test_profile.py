@@ -133,3 +133,26 @@ def test_an_interpreted_kernels_profile_says_its_rows_miss_the_interpreters_work
     assert "interpreted" in summary["labels"] and "not an aten op" in summary["what"]
     assert summary["wall_us_per_call"] > summary["kernel_us_per_call"]
     assert "us wall per call on the host" in result.stdout
+
+
+def test_profile_and_calibrate_make_their_device_current(tmp_path, monkeypatch):
+    """Triton launches, events and syncs go to the current CUDA device: `profile --device cuda:1` and `calibrate
+    --device cuda:1` ran on device 0 with device 1's tensors (found by reading; no multi-GPU host here)."""
+    import contextlib
+
+    from spark_bench import timing
+    from spark_bench.telemetry import calibrate as cal
+
+    made_current = []
+
+    def recording(device):
+        made_current.append(device)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(timing, "on_device", recording)
+    profile_case("kda.gate", "torch", sets=["tokens=1", "head_dim=60"], dtype="fp32", device="cpu",
+                 out_dir=tmp_path, iters=1, warmup=0)
+    monkeypatch.setattr(cal, "CPU", {**cal.CPU, "copy_bytes": 1 << 20, "matmul_n": {"fp32": 64}, "budget_s": 0.01,
+                                     "warmup_s": 0.0})
+    cal.calibrate("cpu")
+    assert made_current == ["cpu", "cpu"]

@@ -232,7 +232,7 @@ def fla_chunk_prefill(q, k, v, g, beta, scale=None, initial_state=None, output_f
     from fla.ops.kda import chunk_kda
 
     return chunk_kda(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
-                     output_final_state=output_final_state, cu_seqlens=_long(cu_seqlens), **fused)
+                     output_final_state=output_final_state, cu_seqlens=cc.int64_offsets(cu_seqlens), **fused)
 
 
 @op.backend("fla_recurrent", probe=probes.package("fla", "fla-core"), labels=probes.triton_labels, default=False)
@@ -243,8 +243,4 @@ def fla_recurrent_prefill(q, k, v, g, beta, scale=None, initial_state=None, outp
     from fla.ops.kda import fused_recurrent_kda
 
     return fused_recurrent_kda(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
-                               output_final_state=output_final_state, cu_seqlens=_long(cu_seqlens), **fused)
-
-
-def _long(cu_seqlens):
-    return None if cu_seqlens is None else cu_seqlens.long()
+                               output_final_state=output_final_state, cu_seqlens=cc.int64_offsets(cu_seqlens), **fused)

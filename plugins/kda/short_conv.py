@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from spark_bench.plugins.kda import block_common
 from spark_bench.plugins.kda import weights as kda_weights
-from spark_bench.plugins.kda.core_common import GPU_VARLEN
+from spark_bench.plugins.kda.core_common import GPU_VARLEN, int64_offsets
 from spark_bench.plugins.models import KIMI_LINEAR, LONG_PREFILL, kda_presets
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
@@ -159,5 +159,5 @@ def fla_short_conv(x, weight, cu_seqlens, conv_state=None):
 
     initial = F.pad(conv_state, (1, 0)) if conv_state is not None else None
     y, final = causal_conv1d(x[None], weight, initial_state=initial, output_final_state=True, activation="silu",
-                             cu_seqlens=cu_seqlens.long())
+                             cu_seqlens=int64_offsets(cu_seqlens))
     return y[0], final[..., 1:]

@@ -157,6 +157,7 @@ def calibrate(device: str = "cuda", *, identity: dict[str, Any] | None = None,
 
     import spark_bench
     from spark_bench.telemetry.roofline import device_identity, now_iso
+    from spark_bench.timing import on_device
 
     identity = identity or device_identity(device)
     cuda = device.startswith("cuda")
@@ -166,20 +167,21 @@ def calibrate(device: str = "cuda", *, identity: dict[str, Any] | None = None,
         cfg["copy_bytes"] = min(cfg["copy_bytes"], total // 8)
     say = progress or (lambda _msg: None)
     load, others_share = machine_load(), cpu_meter()
-    say(f"bandwidth: copying {cfg['copy_bytes'] / 2**20:.0f} MiB")
-    copy = measure_bandwidth(device, cfg["copy_bytes"], cfg["budget_s"], cfg["warmup_s"])
-    matmul = {}
-    for dtype in dtypes or list(cfg["matmul_n"]):
-        n = cfg["matmul_n"][dtype]
-        say(f"matmul {dtype}: {n}x{n}x{n}")
-        try:
-            matmul[dtype] = measure_matmul(device, dtype, n, cfg["budget_s"], cfg["warmup_s"])
-        except RuntimeError as exc:  # a dtype this device's matmul does not support
-            matmul[dtype] = {"tflops": None, "n": n, "error": str(exc).splitlines()[0]}
-    if cuda:
-        torch.cuda.empty_cache()
-    else:
-        load = {**load, "others_cpu_share": others_share()}
+    with on_device(device):  # cuda:N current: the copies, matmuls, events and syncs are N's
+        say(f"bandwidth: copying {cfg['copy_bytes'] / 2**20:.0f} MiB")
+        copy = measure_bandwidth(device, cfg["copy_bytes"], cfg["budget_s"], cfg["warmup_s"])
+        matmul = {}
+        for dtype in dtypes or list(cfg["matmul_n"]):
+            n = cfg["matmul_n"][dtype]
+            say(f"matmul {dtype}: {n}x{n}x{n}")
+            try:
+                matmul[dtype] = measure_matmul(device, dtype, n, cfg["budget_s"], cfg["warmup_s"])
+            except RuntimeError as exc:  # a dtype this device's matmul does not support
+                matmul[dtype] = {"tflops": None, "n": n, "error": str(exc).splitlines()[0]}
+        if cuda:
+            torch.cuda.empty_cache()
+        else:
+            load = {**load, "others_cpu_share": others_share()}
     return {
         "fingerprint_id": identity["fingerprint_id"], "key_source": identity["key_source"],
         "device": identity["device"], "measured_at": now_iso(),

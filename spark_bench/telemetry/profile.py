@@ -172,10 +172,11 @@ def profile_case(op_name: str, backend_name: str, *, sets: Sequence[str] = (), d
                  seed: int = 0, weights: dict[str, Any] | None = None) -> dict[str, Any]:
     """Profile one case; writes trace.json, kernels.json, kernels.txt under out_dir and returns the summary.
     weights: a weight spec (--weights/--layer/--routing): the inputs come from that layer (docs/weights.md)."""
+    from spark_bench.timing import on_device
     from spark_bench.weights import using
 
     op, backend, params, dtype = resolve_case(op_name, backend_name, sets, dtype, device, weights=weights)
-    with using(weights):
+    with using(weights), on_device(device):  # cuda:N current: Triton launches on the current device
         call = build_call(op, backend, params, dtype, device, seed)
         prof = record(call, device, iters, warmup)
     rows = kernel_rows(prof, device, iters)
@@ -252,8 +253,11 @@ def parse_ncu_csv(text: str) -> list[dict[str, Any]]:
 def _ncu_child(spec_json: str) -> None:
     import torch
 
+    from spark_bench.devices import use_device
+
     spec = json.loads(spec_json)
     op, backend, params, dtype = resolve_case(spec["op"], spec["backend"], [], spec["dtype"], spec["device"])
+    use_device(spec["device"])  # cuda:N current: Triton launches on the current device
     call = build_call(op, backend, {**params, **spec["params"]}, dtype, spec["device"])
     for _ in range(3):
         call()
