@@ -74,9 +74,10 @@ class SparkBench:
                kwargs: dict[str, Any]) -> Any:
         from spark_bench.check import default_compare, poisoned_allocations
         from spark_bench.op import Tolerance
+        from spark_bench.timing import on_device
 
         tol = tolerance if isinstance(tolerance, Tolerance) else Tolerance(float(tolerance))
-        with poisoned_allocations():
+        with on_device(device), poisoned_allocations():  # cuda:N current: the poison fills N's allocations
             out = fn(*map(_clone, args), **{k: _clone(v) for k, v in kwargs.items()})
             _sync(device)
         ref = reference(*map(_clone, args), **{k: _clone(v) for k, v in kwargs.items()})
