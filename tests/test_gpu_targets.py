@@ -122,3 +122,23 @@ def test_the_fault_locator_picks_each_backends_first_cuda_fault(tmp_path):
                                                                     ("moe.experts", "torch", {"tokens": 1})]
     script = (Path(__file__).parent / "gpu" / "run_gpu_check.sh").read_text()
     assert "tests/gpu/locate_faults.py /tmp/gpu-faults.jsonl /tmp/gpu-correct /tmp/gpu-targets/*" in script
+
+
+def test_the_fault_locator_reports_the_failing_call_and_its_frames(tmp_path, fault_env, monkeypatch):
+    """The re-run itself (here on the CPU, a backend that raises standing in for a faulting launch): one JSON line
+    with the error and the frames under plugins/ or kernels/ that led to it."""
+    import json
+
+    import locate_faults
+
+    for key in ("PYTHONPATH", "SPARK_BENCH_PLUGINS"):
+        monkeypatch.setenv(key, fault_env[key])
+    run = tmp_path / "run"
+    run.mkdir()
+    row = {"op": "fault.scale", "backend": "raises", "dtype": "fp32", "device": "cpu", "status": "error",
+           "params": {"rows": 3}, "error": "RuntimeError: CUDA error: an illegal memory access was encountered"}
+    (run / "results.jsonl").write_text(json.dumps(row) + "\n")
+    assert locate_faults.main([str(tmp_path / "faults.jsonl"), str(run), "--budget", "120"]) == 0
+    (found,) = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
+    assert found["faulted"] is True and found["error"] == "ValueError: deliberate failure in the backend"
+    assert any(frame.startswith("fault_plugin.py:") for frame in found["frames"]), found

@@ -36,7 +36,7 @@ def faulting_cases(run_dirs: list[Path]) -> list[dict]:
             if r.get("status") in ("crash", "error") and any(f in text for f in FAULTS) and key not in seen:
                 seen.add(key)
                 out.append({"op": r["op"], "backend": r["backend"], "dtype": r.get("dtype") or "bf16",
-                            "params": r["params"], "run": str(run)})
+                            "params": r["params"], "device": r.get("device") or "cuda", "run": str(run)})
     return out
 
 
@@ -44,16 +44,17 @@ def run_one(case: dict) -> None:
     """In a process with CUDA_LAUNCH_BLOCKING=1: the case's call, its outcome as one JSON line on stdout."""
     import traceback
 
+    import torch
+
     from spark_bench import get_op
 
-    op = get_op(case["op"])
+    op, device = get_op(case["op"]), case.get("device") or "cuda"
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     try:
-        inputs = op.make_inputs(case["params"], device="cuda", dtype=case["dtype"], seed=0)
-        import torch
-
-        torch.cuda.synchronize()  # the inputs are fine: what faults after this is the backend's
+        inputs = op.make_inputs(case["params"], device=device, dtype=case["dtype"], seed=0)
+        sync()  # the inputs are fine: what faults after this is the backend's
         op.backends[case["backend"]].fn(**inputs)
-        torch.cuda.synchronize()
+        sync()
         outcome = {"faulted": False}
     except Exception as exc:  # noqa: BLE001 - the fault is the finding
         frames = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_tb(exc.__traceback__)
