@@ -10,7 +10,7 @@ With `target` (a `kernelgate.targets.Target`), wrappers size their grids and pic
 (`triton_env.set_capture_target`): its SM count, its per-target config rules. So the launches checked are the ones the
 GPU would run, not the interpreter's one-program-per-SM defaults. The first H200 run (2026-12-05) met an illegal
 memory access in the chunk prefill at 64k tokens that no interpreted test had shown; this is how to look for such a
-fault here. `spark-bench kernels --memcheck` runs it over the sweep's points (CPU, slow: small shapes).
+fault here. `spark-bench memcheck` (memcheck_cli.py) runs it over the sweep's points (CPU, slow: small shapes).
 """
 
 from __future__ import annotations
