@@ -258,6 +258,17 @@ def test_a_call_that_syncs_with_the_host_is_never_captured(gpu):
     assert "restart_worker" not in rec and gpu.sync_debug == "default"
 
 
+def test_another_error_under_the_sync_probe_is_the_calls_own(gpu):
+    def fails_when_probed():
+        if gpu.sync_debug == "error":
+            raise RuntimeError("an error of the call's own")
+        gpu.kernel(4.0)()
+
+    with pytest.raises(RuntimeError, match="an error of the call's own"):
+        timing.measure([fails_when_probed], "cuda:0", dataclasses.replace(CFG, mode="graph"))
+    assert gpu.sync_debug == "default"
+
+
 @pytest.mark.parametrize("mode", ["events", "auto"])
 def test_the_timed_device_is_current_while_timing(gpu, mode):
     """pytest --spark-device cuda:1 runs in a process whose current device is 0: the events must be cuda:1's."""
