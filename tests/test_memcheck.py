@@ -92,3 +92,16 @@ def test_a_backend_without_triton_kernels_is_not_called_checked():
 def test_memcheck_usage_errors_are_one_line():
     code, out, err = run_cli("memcheck", "--op", "nope.*")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_launch_without_tensor_arguments_has_nothing_in_bounds():
+    import numpy as np
+
+    from spark_bench.kernelgate import memcheck as mc
+
+    mc._state.launch = ("scalar_only", [], lambda: (0, 0, 0))
+    try:
+        with pytest.raises(OutOfBounds, match="the launch has no tensor arguments"):
+            mc.check("load", np.array([4096], dtype=np.uint64), None, 4)
+    finally:
+        mc._state.launch = None

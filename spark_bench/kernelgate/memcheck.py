@@ -71,7 +71,8 @@ def check(kind: str, ptrs, mask, itemsize: int) -> None:
     los = np.array([r[0] for r in ranges], dtype=np.int64)
     his = np.array([r[1] for r in ranges], dtype=np.int64)
     index = np.searchsorted(los, addresses, side="right") - 1
-    inside = (index >= 0) & (addresses + itemsize <= his[np.maximum(index, 0)])
+    inside = ((index >= 0) & (addresses + itemsize <= his[np.maximum(index, 0)]) if ranges
+              else np.zeros(addresses.shape, dtype=bool))  # no tensor argument: nothing is in bounds
     if not inside.all():
         bad = addresses[~inside]
         raise OutOfBounds(f"{name} program {grid_idx}: {kind} of {bad.size} of {addresses.size} elements out of "
