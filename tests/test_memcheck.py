@@ -68,8 +68,10 @@ def test_outside_the_block_nothing_is_checked():
 def test_a_sampled_launch_runs_only_its_edge_programs_with_their_real_ids():
     n = 32 * 9
     x, y = torch.randn(n), torch.zeros(n)
-    with memcheck(programs=edge_programs):
+    heard = []
+    with memcheck(programs=edge_programs, on_launch=lambda *a: heard.append(a[:3])) as counts:
         _copy[(9,)](x, y, n, EXTRA=0, BLOCK=32)
+    assert heard == [("_copy", 4, (9,))] and counts == {"launches": 1}
     ran = [bool(y[32 * p:32 * (p + 1)].ne(0).all()) for p in range(9)]
     assert ran == [True, True, False, False, False, False, False, True, True]
     assert torch.equal(y[-64:], x[-64:])

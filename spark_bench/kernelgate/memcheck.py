@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -85,12 +86,13 @@ def edge_programs(index: tuple, grid: tuple, width: int = 2) -> bool:
 
 
 @contextlib.contextmanager
-def memcheck(target=None, programs=None) -> Iterator[dict[str, int]]:
+def memcheck(target=None, programs=None, on_launch=None) -> Iterator[dict[str, int]]:
     """Check every interpreted launch's memory accesses in this block (TRITON_INTERPRET=1 must be set before the
     kernels were decorated), with the block sizes the wrappers declare for a GPU (no interpreter widening); with
     `target`, launch as on that GPU. `programs(index, grid) -> bool` runs only the programs it picks (the others'
     outputs stay unwritten): a full-size launch, too slow to interpret whole, checked at its edges, where offsets are
-    largest (`edge_programs`). Yields {"launches": n}: how many interpreted launches it checked."""
+    largest (`edge_programs`). `on_launch(kernel, programs run, grid, seconds)` hears of each finished launch (progress
+    on long work). Yields {"launches": n}: how many interpreted launches it checked."""
     from triton.runtime import interpreter
 
     from spark_bench import triton_env
@@ -113,15 +115,20 @@ def memcheck(target=None, programs=None) -> Iterator[dict[str, int]]:
     def call(self, *args, **kwargs):
         previous, grid = getattr(_state, "launch", None), self.grid
         counts["launches"] += 1
+        ran = None if callable(grid) else int(np.prod(grid))
         if programs is not None and not callable(grid):  # run only the picked programs, with their real ids
             real = tuple(grid) + (1,) * (3 - len(grid))
             _state.picks = [i for i in itertools.product(*map(range, real)) if programs(i, real)]
             _state.real = real
             self.grid = (len(_state.picks), 1, 1)
+            ran = len(_state.picks)
+        start = time.monotonic()
         try:
             return saved_call(self, *args, **kwargs)
         finally:
             _state.launch, self.grid, _state.picks = previous, grid, None
+            if on_launch is not None:
+                on_launch(self.fn.__name__, ran, grid, time.monotonic() - start)
 
     def set_grid_dim(self, nx, ny, nz):
         self.grid_dim = _state.real if getattr(_state, "picks", None) is not None else (nx, ny, nz)

@@ -4,15 +4,24 @@ case that failed otherwise); 2: usage. Slow as the interpreter is: the quick sha
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
 import time
 
 import click
+import numpy as np
 
 from spark_bench.kernelgate.targets import TARGETS
 from spark_bench.sweep import SweepSpec, UsageError, dtype_list, merge_sets
+
+
+def _progress(kernel: str, ran, grid, seconds: float) -> None:
+    """One line on stderr per launch of a case that takes a while (a full-size one at its edges)."""
+    if seconds >= 5:
+        of = f"{ran} of {'x'.join(map(str, grid))} programs" if ran is not None else f"grid {grid}"
+        click.echo(f"  {kernel}: {of}, {seconds:.0f} s", err=True)
 
 
 def check_case(op, backend, case, target, edges: bool) -> tuple[str, str]:
@@ -22,7 +31,8 @@ def check_case(op, backend, case, target, edges: bool) -> tuple[str, str]:
 
     inputs = op.make_inputs(case.params, device="cpu", dtype=case.dtype, seed=case.seed)
     try:
-        with memcheck(target, programs=edge_programs if edges else None) as counts:
+        with (memcheck(target, programs=edge_programs if edges else None, on_launch=_progress) as counts,
+              np.errstate(all="ignore") if edges else contextlib.nullcontext()):  # unrun programs leave garbage
             backend.fn(**inputs)
     except Exception as exc:  # noqa: BLE001 - the interpreter wraps the kernel's exception in InterpreterError
         cause, seen = exc, 0
