@@ -142,3 +142,31 @@ def test_the_fault_locator_reports_the_failing_call_and_its_frames(tmp_path, fau
     (found,) = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
     assert found["faulted"] is True and found["error"] == "ValueError: deliberate failure in the backend"
     assert any(frame.startswith("fault_plugin.py:") for frame in found["frames"]), found
+
+
+def test_the_first_fault_is_also_run_under_compute_sanitizer(tmp_path, fault_env, monkeypatch):
+    """Where compute-sanitizer is installed, the first faulting case runs under its memcheck too; its report's lines
+    (here a stand-in tool's) are kept with the row."""
+    import json
+    import stat
+
+    import locate_faults
+
+    for key in ("PYTHONPATH", "SPARK_BENCH_PLUGINS"):
+        monkeypatch.setenv(key, fault_env[key])
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text("#!/bin/sh\necho '========= COMPUTE-SANITIZER'\n"
+                    "echo '========= Invalid __global__ read of size 2 bytes'\necho 'not a report line'\nexit 1\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(locate_faults, "sanitizer", lambda: str(tool))
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"op": "fault.scale", "backend": name, "dtype": "fp32", "device": "cpu", "status": "error",
+             "params": {"rows": 3}, "error": "CUDA error: an illegal memory access was encountered"}
+            for name in ("raises", "nan")]
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    locate_faults.main([str(tmp_path / "faults.jsonl"), str(run), "--budget", "200"])
+    found = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
+    assert found[0]["sanitizer"] == ("========= COMPUTE-SANITIZER\n"
+                                     "========= Invalid __global__ read of size 2 bytes")
+    assert found[1]["faulted"] is False and "sanitizer" not in found[1]  # the nan backend runs: no fault to sanitize

@@ -4,8 +4,11 @@ A CUDA fault (illegal memory access, misaligned address) is reported at the next
 error names no kernel. For each (op, backend) with such a case in the given run directories, its first faulting
 case runs again in a fresh process with CUDA_LAUNCH_BLOCKING=1: every launch then waits for its kernel, and the
 traceback ends at the launch that faulted (a wrapper in kernels/). The frames under kernels/ and plugins/ and the
-error are printed and written as JSON lines. Next step, without a GPU: `spark_bench.kernelgate.memcheck` on that
-kernel at that shape. Usage: python tests/gpu/locate_faults.py OUT.jsonl RUN_DIR... [--budget S]
+error are printed and written as JSON lines. Then, for the first faulting case only and when compute-sanitizer is
+installed and 45 s of the budget are left, the same call under `compute-sanitizer --tool memcheck`: its first report
+names the kernel, the thread and block, the access and the address (`sanitizer` in the row). Next step, without a
+GPU: `spark-bench memcheck` on that kernel at that shape. Usage: python tests/gpu/locate_faults.py OUT.jsonl
+RUN_DIR... [--budget S]
 """
 
 from __future__ import annotations
@@ -63,6 +66,30 @@ def run_one(case: dict) -> None:
     print(json.dumps({**case, **outcome}), flush=True)
 
 
+SANITIZER_MIN_S = 45.0
+
+
+def sanitizer() -> str | None:
+    """compute-sanitizer's path: on the PATH, or in CUDA's usual place."""
+    import shutil
+
+    found = shutil.which("compute-sanitizer")
+    default = Path("/usr/local/cuda/bin/compute-sanitizer")
+    return found or (str(default) if default.exists() else None)
+
+
+def sanitized(case: dict, tool: str, timeout: float) -> str:
+    """The first lines of compute-sanitizer's memcheck report of the case's call."""
+    cmd = [tool, "--tool", "memcheck", "--print-limit", "3", "--show-backtrace", "no", sys.executable, __file__,
+           "--one", json.dumps(case)]
+    try:
+        proc = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        return f"no report within {timeout:.0f} s"
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("=========")]
+    return "\n".join(lines[:12]) or f"no report (exit {proc.returncode})"
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--one"]:
         run_one(json.loads(argv[1]))
@@ -72,7 +99,7 @@ def main(argv: list[str]) -> int:
     out, runs = Path(argv[0]), [Path(a) for a in argv[1:]]
     cases = faulting_cases(runs)
     print(f"faults: {len(cases)} (op, backend) with a CUDA fault in {len(runs)} runs", flush=True)
-    end = time.monotonic() + budget
+    end, sanitized_one = time.monotonic() + budget, False
     with out.open("w") as f:
         for case in cases:
             left = end - time.monotonic()
@@ -88,9 +115,14 @@ def main(argv: list[str]) -> int:
                                                            "stderr": proc.stderr[-1500:]}
             except subprocess.TimeoutExpired:
                 row = {**case, "error": f"no result within {left:.0f} s"}
-            f.write(json.dumps(row) + "\n")
             print(f"faults: {row['op']} {row['backend']} {row['params']}: {row.get('error', 'no fault')} "
                   f"at {' <- '.join(reversed(row.get('frames') or [])) or '?'}", flush=True)
+            left, tool = end - time.monotonic(), sanitizer()
+            if row.get("faulted") and tool and left >= SANITIZER_MIN_S and not sanitized_one:
+                sanitized_one = True
+                row["sanitizer"] = sanitized(case, tool, left - 5)
+                print(f"faults: compute-sanitizer:\n{row['sanitizer']}", flush=True)
+            f.write(json.dumps(row) + "\n")
     return 0
 
 
