@@ -71,7 +71,7 @@ def test_a_sampled_launch_runs_only_its_edge_programs_with_their_real_ids():
     heard = []
     with memcheck(programs=edge_programs, on_launch=lambda *a: heard.append(a[:3])) as counts:
         _copy[(9,)](x, y, n, EXTRA=0, BLOCK=32)
-    assert heard == [("_copy", 4, (9,))] and counts == {"launches": 1}
+    assert heard == [("_copy", 4, (9, 1, 1))] and counts == {"launches": 1}
     ran = [bool(y[32 * p:32 * (p + 1)].ne(0).all()) for p in range(9)]
     assert ran == [True, True, False, False, False, False, False, True, True]
     assert torch.equal(y[-64:], x[-64:])
@@ -88,7 +88,7 @@ def test_every_triton_backend_stays_in_bounds_at_the_quick_points(sms):
 def test_a_backend_without_triton_kernels_is_not_called_checked():
     code, out, err = run_cli("memcheck", "--op", "kda.gate", "--backend", "torch", "--set", "tokens=1",
                              "--set", "head_dim=60")
-    assert code == 0 and "no-kernel" in out and "1 launched no interpreted kernel (nothing checked)" in out
+    assert code == 1 and "no-kernel" in out and "1 launched no interpreted kernel (nothing checked)" in out
 
 
 def test_memcheck_usage_errors_are_one_line():
@@ -107,3 +107,47 @@ def test_a_launch_without_tensor_arguments_has_nothing_in_bounds():
             mc.check("load", np.array([4096], dtype=np.uint64), None, 4)
     finally:
         mc._state.launch = None
+
+
+@triton.jit
+def _pair_sum(xs, y, n, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    tl.store(y + o, tl.load(xs[0] + o, mask=o < n) + tl.load(xs[1] + o, mask=o < n), mask=o < n)
+
+
+def test_a_tuple_of_tensors_is_in_bounds():
+    a, b, y = torch.randn(20), torch.randn(20), torch.empty(20)
+    with memcheck():
+        _pair_sum[(1,)]((a, b), y, 20, BLOCK=32)
+    assert torch.allclose(y, a + b)
+
+
+def test_a_callable_grid_is_sampled_too():
+    n = 32 * 9
+    x, y = torch.randn(n), torch.zeros(n)
+    heard = []
+    with memcheck(programs=edge_programs, on_launch=lambda *a: heard.append(a[:3])):
+        _copy[lambda meta: (n // meta["BLOCK"],)](x, y, n, EXTRA=0, BLOCK=32)  # constexprs only, as interpreted
+    assert heard == [("_copy", 4, (9, 1, 1))] and int(y.ne(0).sum()) == 4 * 32
+
+
+def test_an_edge_sampled_router_leaves_its_tickets_clean_for_later_calls():
+    """moe.router's programs elect the last of each tile, which resets the tile's ticket; with only the corner
+    programs run, no program was last, and the next (whole) call of the kernel went wrong."""
+    from spark_bench import get_op
+    from spark_bench.kernelgate.targets import TARGETS
+
+    op = get_op("moe.router")
+    params = {"tokens": 33, "hidden": 2048, "experts": 16, "topk": 3, "groups": 1, "topk_groups": 1,
+              "routed_scaling_factor": 2.5}
+
+    def triton_matches_torch() -> bool:
+        out = op.backends["triton"].fn(**op.make_inputs(params, device="cpu", dtype="bf16", seed=0))
+        ref = op.backends["torch"].fn(**op.make_inputs(params, device="cpu", dtype="bf16", seed=0))
+        return all(torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a.float(), b.float(), atol=1e-2)
+                   for a, b in zip(out, ref, strict=True))
+
+    assert triton_matches_torch()
+    with memcheck(TARGETS["sm_90a"], programs=edge_programs):
+        op.backends["triton"].fn(**op.make_inputs(params, device="cpu", dtype="bf16", seed=0))
+    assert triton_matches_torch()

@@ -30,18 +30,27 @@ class OutOfBounds(RuntimeError):
     """An interpreted kernel touched memory outside every tensor argument's storage."""
 
 
+def _tensors(name: str, arg) -> list[tuple[str, object]]:
+    """(name, tensor) of an argument: a tensor, the tensors of a tuple, a host TensorDescriptor's base."""
+    if hasattr(arg, "untyped_storage"):
+        return [(name, arg)]
+    if isinstance(arg, tuple):
+        return [t for i, a in enumerate(arg) for t in _tensors(f"{name}[{i}]", a)]
+    base = getattr(arg, "base", None)
+    return _tensors(f"{name}.base", base) if base is not None and hasattr(base, "untyped_storage") else []
+
+
 def _ranges(names: list[str], args: list) -> list[tuple[int, int, str]]:
     """[(lo, hi, argument)] of every tensor argument's storage (views of one storage share it)."""
     out, seen = [], set()
     for name, arg in zip(names, args, strict=False):
-        if not hasattr(arg, "untyped_storage"):
-            continue
-        storage = arg.untyped_storage()
-        lo = storage.data_ptr()
-        if lo in seen or storage.nbytes() == 0:
-            continue
-        seen.add(lo)
-        out.append((lo, lo + storage.nbytes(), name))
+        for label, tensor in _tensors(name, arg):
+            storage = tensor.untyped_storage()
+            lo = storage.data_ptr()
+            if lo in seen or storage.nbytes() == 0:
+                continue
+            seen.add(lo)
+            out.append((lo, lo + storage.nbytes(), label))
     return sorted(out)
 
 
@@ -90,13 +99,16 @@ def memcheck(target=None, programs=None, on_launch=None) -> Iterator[dict[str, i
     """Check every interpreted launch's memory accesses in this block (TRITON_INTERPRET=1 must be set before the
     kernels were decorated), with the block sizes the wrappers declare for a GPU (no interpreter widening); with
     `target`, launch as on that GPU. `programs(index, grid) -> bool` runs only the programs it picks (the others'
-    outputs stay unwritten): a full-size launch, too slow to interpret whole, checked at its edges, where offsets are
-    largest (`edge_programs`). `on_launch(kernel, programs run, grid, seconds)` hears of each finished launch (progress
+    outputs stay unwritten, and kernels whose programs elect a last one, which then does the rest, are only partly
+    checked): a full-size launch, too slow to interpret whole, checked at its grid's edges (`edge_programs`). A
+    persistent grid's last items can run on a program between them: give it one item per program (`target` with
+    more SMs) to check those. `on_launch(kernel, programs run, grid, seconds)` hears of each finished launch (progress
     on long work). Yields {"launches": n}: how many interpreted launches it checked."""
     from triton.runtime import interpreter
 
     from spark_bench import triton_env
     from spark_bench.kernelgate.interpreter_hooks import access_hooks, as_on_gpu, patched
+    from spark_bench.kernels import common
 
     builder, executor = interpreter.InterpreterBuilder, interpreter.GridExecutor
     saved_idx, saved_call, saved_init = builder.set_grid_idx, executor.__call__, executor._init_args_hst
@@ -115,20 +127,29 @@ def memcheck(target=None, programs=None, on_launch=None) -> Iterator[dict[str, i
     def call(self, *args, **kwargs):
         previous, grid = getattr(_state, "launch", None), self.grid
         counts["launches"] += 1
-        ran = None if callable(grid) else int(np.prod(grid))
-        if programs is not None and not callable(grid):  # run only the picked programs, with their real ids
-            real = tuple(grid) + (1,) * (3 - len(grid))
+        shape = {"real": None, "ran": None}
+
+        def picked(real_grid) -> tuple:  # run only the picked programs, with their real ids
+            real = tuple(real_grid) + (1,) * (3 - len(real_grid))
             _state.picks = [i for i in itertools.product(*map(range, real)) if programs(i, real)]
-            _state.real = real
-            self.grid = (len(_state.picks), 1, 1)
-            ran = len(_state.picks)
+            _state.real = shape["real"] = real
+            shape["ran"] = len(_state.picks)
+            return (len(_state.picks), 1, 1)
+
+        if programs is not None:
+            self.grid = (lambda meta: picked(grid(meta))) if callable(grid) else picked(grid)
         start = time.monotonic()
         try:
             return saved_call(self, *args, **kwargs)
         finally:
             _state.launch, self.grid, _state.picks = previous, grid, None
+            if programs is not None:  # unrun programs never reset the tickets they share: zero them for later calls
+                for buf in common._TICKETS.values():
+                    buf.zero_()
             if on_launch is not None:
-                on_launch(self.fn.__name__, ran, grid, time.monotonic() - start)
+                real = shape["real"] or (None if callable(grid) else tuple(grid))
+                ran = shape["ran"] if shape["ran"] is not None else (int(np.prod(real)) if real else None)
+                on_launch(self.fn.__name__, ran, real or grid, time.monotonic() - start)
 
     def set_grid_dim(self, nx, ny, nz):
         self.grid_dim = _state.real if getattr(_state, "picks", None) is not None else (nx, ny, nz)
@@ -138,6 +159,7 @@ def memcheck(target=None, programs=None, on_launch=None) -> Iterator[dict[str, i
         saved_idx(self, *picks[x]) if picks is not None else saved_idx(self, x, y, z)
 
     hooks = access_hooks(on_access) | {"set_grid_dim": set_grid_dim, "set_grid_idx": set_grid_idx}
+    before = triton_env._capture_target
     if target is not None:
         triton_env.set_capture_target(target)
     try:
@@ -145,5 +167,4 @@ def memcheck(target=None, programs=None, on_launch=None) -> Iterator[dict[str, i
               as_on_gpu()):
             yield counts
     finally:
-        if target is not None:
-            triton_env.set_capture_target(None)
+        triton_env.set_capture_target(before)
