@@ -5,6 +5,7 @@ import os
 import subprocess
 import time
 
+import pytest
 from conftest import spark_bench_cmd
 
 
@@ -170,8 +171,9 @@ def test_a_worker_killed_during_start_up_costs_no_sweep_and_load_errors_are_show
     assert "warning: plugin no_such_plugin_xyz failed to load: ModuleNotFoundError" in proc.stderr
     records = _lines(out / "results.jsonl")
     assert len(records) == 2 and all(r["status"] == "ok" for r in records)
-    (first,) = [r for r in records if r.get("crash_not_reproduced")]
-    assert "died during start-up (killed by SIGKILL)" in first["crash_not_reproduced"]["error"]
+    assert not any(r.get("crash_not_reproduced") for r in records)  # a start-up failure is no case's: none charged
+    (first,) = [r for r in records if r.get("worker_start_failures")]  # said with the case it delayed
+    assert first["worker_start_failures"] == ["worker died during start-up (killed by SIGKILL)"]
 
 
 def test_backend_output_goes_to_the_case_log_not_the_terminal(tmp_path, hostile_env):
@@ -218,29 +220,55 @@ def test_a_report_that_cannot_be_written_is_one_line_and_the_results_stand(tmp_p
     assert f"spark-bench report {out} -o {out / 'report.html'}" in line
 
 
-def test_workers_that_cannot_start_stop_the_run_in_one_line(tmp_path, fault_env):
-    """The first H200 run (2026-12-05): every worker died at start-up (a ValueError in torch.cuda.set_device), and the
-    sweep charged each of its 9508 cases a 'crash' ~7 s apart. Now the run stops after the first case's worker and its
-    confirmation's both failed, says why in one line (the log's last line) with what is kept, exit code 1; the case is
-    not recorded, so `--resume` runs it once the environment is fixed."""
+_HOOK = """import os, sys
+if '--multiprocessing-fork' in sys.argv:
+    counter = os.environ['START_COUNTER']
+    with open(counter, 'a') as f:
+        f.write('x')
+    if os.path.getsize(counter) > int(os.environ['STARTS_THAT_WORK']):
+        import spark_bench.devices as devices
+        def use_device(device):
+            raise ValueError('simulated start-up failure on ' + device)
+        devices.use_device = use_device
+"""
+
+
+def _run_with_failing_starts(tmp_path, fault_env, starts_that_work: int, *args):
+    """`spark-bench run` whose spawned workers die at start-up after the first `starts_that_work` started."""
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(  # in spawned workers only: their start-up raises, as on the H200
-        "import sys\n"
-        "if '--multiprocessing-fork' in sys.argv:\n"
-        "    import spark_bench.devices as devices\n"
-        "    def use_device(device):\n"
-        "        raise ValueError('simulated start-up failure on ' + device)\n"
-        "    devices.use_device = use_device\n")
-    env = {**fault_env, "PYTHONPATH": os.pathsep.join([str(hook), fault_env["PYTHONPATH"]])}
+    (hook / "sitecustomize.py").write_text(_HOOK)
+    env = {**fault_env, "PYTHONPATH": os.pathsep.join([str(hook), fault_env["PYTHONPATH"]]),
+           "START_COUNTER": str(tmp_path / "starts"), "STARTS_THAT_WORK": str(starts_that_work)}
     out = tmp_path / "run"
-    proc = subprocess.run(spark_bench_cmd("run", "--op", "fault.scale", "--backend", "good", "--quick", "--out", out,
-                                          "--no-report"), env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(spark_bench_cmd("run", "--op", "fault.scale", "--quick", "--out", out, "--no-report", *args),
+                          env=env, capture_output=True, text=True, timeout=900)
+    return proc, out
+
+
+@pytest.mark.parametrize("confirm", [True, False])
+def test_workers_that_cannot_start_stop_the_run_in_one_line(tmp_path, fault_env, confirm):
+    """The first H200 run (2026-12-05): every worker died at start-up (a ValueError in torch.cuda.set_device), and the
+    sweep charged each of its 9508 cases a 'crash' ~7 s apart. A start-up failure is no case's: the worker is started
+    again at once, and after two failures in a row the run stops, saying why in one line (the log's last line) with
+    what is kept, exit code 1; no case is recorded, so `--resume` runs them once the environment is fixed."""
+    proc, out = _run_with_failing_starts(tmp_path, fault_env, 0, "--backend", "good",
+                                         *([] if confirm else ["--no-confirm-crashes"]))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith("spark-bench: error: workers cannot start on cpu: died during start-up (exit code 1): "
-                           "ValueError: simulated start-up failure on cpu (log: "), line
+    assert line.startswith("spark-bench: error: workers cannot start on cpu: died during start-up (exit code 1); "
+                           "its log ends: ValueError: simulated start-up failure on cpu (log: "), line
     assert f"0 of 2 cases are kept in {out}" in line and f"spark-bench run --resume {out}" in line
     assert _lines(out / "results.jsonl") == []
     log = line.split("(log: ")[1].split(")")[0]
     assert "ValueError: simulated start-up failure on cpu" in open(log).read()  # the traceback, kept with the run
+
+
+def test_workers_that_stop_starting_mid_run_stop_it_too(tmp_path, fault_env):
+    """The first worker starts and dies in a case (a segfault); every start after it fails. The run stops there
+    instead of charging each remaining case a start-up 'crash' (and 'confirming' it without a re-run)."""
+    proc, out = _run_with_failing_starts(tmp_path, fault_env, 1, "--backend", "segfault", "--backend", "good",
+                                         "--set", "rows=3")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "workers cannot start on cpu" in proc.stderr and "Traceback" not in proc.stderr
+    assert not [r for r in _lines(out / "results.jsonl") if r.get("phase") == "startup" or r.get("crash_confirmed")]

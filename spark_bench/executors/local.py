@@ -32,7 +32,7 @@ from spark_bench.executors.worker_process import (
 from spark_bench.sweep import Case
 
 PhaseFn = Callable[[Case, str], None]
-GIVE_UP_AFTER_STARTS = 2  # the first case's worker and its crash confirmation's (or the first two cases' unconfirmed)
+GIVE_UP_AFTER_STARTS = 2  # starts in a row that fail before the run stops (WorkerSlot._worker)
 
 
 class WorkerSlot:
@@ -45,28 +45,35 @@ class WorkerSlot:
         self.started = 0.0
         self.last_case: str | None = None  # the case the current worker process ran last
         self.stopping = False  # the sweep is ending (interrupted): no worker is started any more
-        self.failed_starts = 0  # workers of this slot that died before they were ready, while none ever was
-        self.ever_ready = False
+        self.start_failures: list[str] = []  # start-ups that failed before this case's worker started (its record)
 
     def _worker(self) -> Worker:
+        """This slot's worker, started when it has none alive. A worker that dies (or hangs) before it is ready is
+        tried again at once: a start-up failure is never a case's (none was sent to it yet), so it is charged to none;
+        when GIVE_UP_AFTER_STARTS starts in a row fail, the environment is broken and the run stops
+        (WorkersCannotStart: one line from the worker's log)."""
         if self.stopping:  # e.g. the crash confirmation of the case whose worker the interrupt just killed
             raise RuntimeError("the sweep is stopping")
-        if self.worker is None or not self.worker.process.is_alive():
-            self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.worker is not None and self.worker.process.is_alive():
+            return self.worker
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(1, GIVE_UP_AFTER_STARTS + 1):
             early, self.early = self.early, None
             self.worker = early or Worker(self.slot.device, self.log_dir, dict(self.slot.env), self.slot.label)
             self.last_case = None
             try:
                 self.worker.wait_ready()
             except WorkerStartError as exc:
-                self.failed_starts += 1
-                if not self.ever_ready and self.failed_starts >= GIVE_UP_AFTER_STARTS:
-                    raise WorkersCannotStart.after(self.slot.device, exc, self.worker.log_path) from None
-                raise
-            self.ever_ready = True
+                log = self.worker.log_path
+                self.start_failures.append(str(exc).splitlines()[0])
+                self.retire()
+                if attempt == GIVE_UP_AFTER_STARTS:
+                    raise WorkersCannotStart.after(self.slot.device, exc, log) from None
+                continue
             if early is not None:
                 self.worker.move_log(self.log_dir)
-        return self.worker
+            return self.worker
+        raise AssertionError("unreachable")
 
     def shut(self) -> None:
         """The end of the sweep: kill the workers and start none again."""
@@ -90,21 +97,20 @@ class WorkerSlot:
     def run_case(self, case: Case, on_phase: PhaseFn = lambda case, phase: None) -> dict[str, Any]:
         try:
             worker = self._worker()
-        except RuntimeError as exc:  # killed or stuck during start-up: this case's crash, never the sweep's end
-            record = self._startup_crash(case, exc)
-            if self.ctx.confirm_crashes:
-                record = self._confirm(case, record, None, on_phase)
-            return stamp(record, self.slot)
+        except RuntimeError as exc:  # the sweep is stopping, or a prestarted worker could not move its log
+            return stamp(self._startup_crash(case, exc), self.slot)
         previous = self.last_case
         self.started = time.monotonic()  # after the worker is up: the timeline shows case time, not startup
         record = self._run_case(worker, case, on_phase)
         if record["status"] == "crash" and self.ctx.confirm_crashes:
             record = self._confirm(case, record, previous, on_phase)
+        if self.start_failures:  # not this case's: said with it (a flaky environment shows), charged to none
+            record["worker_start_failures"], self.start_failures = self.start_failures, []
         self.last_case = case.case_id if self.worker is not None else None
         return stamp(record, self.slot)
 
     def _startup_crash(self, case: Case, exc: RuntimeError) -> dict[str, Any]:
-        """The record of a case whose worker did not start, with the worker's log tail (its traceback)."""
+        """The record of a case that got no worker (the sweep stopping), with the worker's log tail if any."""
         self.retire()
         first, *tail = str(exc).splitlines() or [""]
         return failed_record(case, "crash", first[:500], phase="startup", worker_log_tail="\n".join(tail))
@@ -117,8 +123,8 @@ class WorkerSlot:
         on_phase(case, "confirm-crash")
         try:
             again = self._run_case(self._worker(), case, on_phase)
-        except RuntimeError as exc:  # the fresh worker did not start either
-            again = self._startup_crash(case, exc)
+        except RuntimeError as exc:  # the sweep is stopping: the crash stands unconfirmed (the case never re-ran)
+            return {**first, "earlier_errors": [*first.get("earlier_errors", []), str(exc).splitlines()[0]]}
         first_error = {"status": first["status"], "error": first["error"], "phase": first.get("phase"),
                        "worker_log_tail": first.get("worker_log_tail")}
         again["earlier_errors"] = [*again.get("earlier_errors", []), first["error"]]

@@ -22,15 +22,16 @@ class WorkerStartError(RuntimeError):
 
 
 class WorkersCannotStart(Exception):
-    """No worker of a slot ever became ready, after as many tries as a case and its crash confirmation take: the
-    environment is broken (an import, the device), not a case. The sweep stops instead of charging every case a crash;
-    the message is one line (the cause is the log's last line) and names the log. The CLI prints it, exit code 1."""
+    """A slot's worker failed to start several times in a row: the environment is broken (an import, the device), not
+    a case. The sweep stops instead of charging every case a crash; the message is one line (with the log's last
+    line, the exception when it raised) and names the log. The CLI prints it, exit code 1."""
 
     @classmethod
     def after(cls, device: str, error: WorkerStartError, log_path: Path) -> WorkersCannotStart:
         first, *tail = str(error).splitlines()
         cause = next((line.strip() for line in reversed(tail) if line.strip()), "its log is empty")
-        return cls(f"workers cannot start on {device}: {first.removeprefix('worker ')}: {cause} (log: {log_path})")
+        return cls(f"workers cannot start on {device}: {first.removeprefix('worker ')}; its log ends: {cause} "
+                   f"(log: {log_path})")
 
 
 def signal_name(code: int) -> str:
@@ -101,7 +102,7 @@ class Worker:
             detail = log_tail(self.log_path)
             self.kill()
             if msg is None:
-                why = f"no answer within {STARTUP_TIMEOUT_S:g} s"
+                why = f"hung: no answer within {STARTUP_TIMEOUT_S:g} s"
             elif msg[0] == "dead":
                 why = (f"killed by {signal_name(msg[1])}" if msg[1] is not None and msg[1] < 0
                        else f"exit code {msg[1]}")
