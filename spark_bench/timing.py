@@ -215,13 +215,14 @@ def _hold(us: float) -> None:
 
 
 def time_cuda_events(calls: Sequence[Call], cfg: TimingConfig, device: str, batch: int = 16,
-                     notes: Sequence[str] = ()) -> dict[str, Any]:
+                     notes: Sequence[str] = (), hold: bool = True) -> dict[str, Any]:
     """Each sample is an event pair around one call, the flush before it outside the pair. Each batch of samples is
     enqueued behind a GPU-side hold, so a call's host-side launch time (the Python wrapper, Triton's launcher) is not
     in its time: without it, on the first H200 run (2026-12-05), kda.gate's 3.6 us kernel timed 60.5 us (do_bench
-    6.2, the graph timer 3.6), and the auto mode, fooled by that probe, would have kept events for it. A batch whose
-    last call the GPU reached before the host had enqueued it (the hold ran out: gaps may be in its times) is
-    discarded and the hold doubled, up to HOLD_MAX_US; `hold_us` and `holds_expired` say what it took."""
+    6.2, the graph timer 3.6), and the auto mode, fooled by that probe, would have kept events for it. A batch in
+    which the GPU reached a call's start event before the host had enqueued the call (the hold ran out: a gap is in
+    that sample) is discarded and the hold doubled, up to HOLD_MAX_US and while max_time_s lasts; `hold_us` and
+    `holds_expired` say what it took. hold=False (a call that waits for the GPU itself): no hold, gaps and all."""
     flush = flusher(device, cfg.flush)
     sync = torch.cuda.synchronize
     t0 = time.perf_counter()
@@ -230,19 +231,21 @@ def time_cuda_events(calls: Sequence[Call], cfg: TimingConfig, device: str, batc
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
     stopper, samples, i = _Stopper(cfg), [], 0
-    hold_us, expired, late_kept = HOLD_START_US, 0, 0
+    hold_us, expired, late_kept = (HOLD_START_US if hold else 0.0), 0, 0
     while (stop := stopper.reason(samples)) is None:
         take = min(batch, cfg.max_samples - len(samples))  # the stopping rule is read between batches only
-        _hold(hold_us)
+        if hold:
+            _hold(hold_us)
+        late = False
         for j in range(take):
             flush()
             starts[j].record()
             calls[i % len(calls)]()
+            late = late or (hold and starts[j].query())  # passed already: the GPU waited for this call's launch
             ends[j].record()
             i += 1
-        late = starts[take - 1].query()  # already passed: the GPU caught up with the host during this batch
         sync()
-        if late and hold_us < HOLD_MAX_US:
+        if late and hold_us < HOLD_MAX_US and stopper.elapsed() < cfg.max_time_s:
             expired += 1
             hold_us = min(2 * hold_us, HOLD_MAX_US)
             continue
@@ -250,8 +253,8 @@ def time_cuda_events(calls: Sequence[Call], cfg: TimingConfig, device: str, batc
         samples.extend(s.elapsed_time(e) * 1e3 for s, e in zip(starts[:take], ends[:take], strict=True))
     notes = list(notes)
     if late_kept:
-        notes.append(f"{late_kept} batches were enqueued slower than the GPU ran them even behind a "
-                     f"{HOLD_MAX_US / 1e3:g} ms hold: their times may include launch gaps")
+        notes.append(f"{late_kept} batches were enqueued slower than the GPU ran them behind a {hold_us / 1e3:g} ms "
+                     "hold: their times may include launch gaps")
     return _record(samples, stop, "cuda-event", cfg, warm, stopper.elapsed(), calls_per_sample=1, notes=notes,
                    hold_us=hold_us, holds_expired=expired)
 
@@ -357,7 +360,12 @@ def on_device(device: str) -> contextlib.AbstractContextManager[Any]:
 
 def _measure_cuda(calls: Sequence[Call], device: str, cfg: TimingConfig) -> dict[str, Any]:
     torch.cuda.synchronize()
-    mode, notes = cfg.mode, []
+    mode, notes, restart = cfg.mode, [], False
+    sync = host_sync_of(calls[0])  # such a call waits for the GPU itself: no graph, and no hold (every batch late)
+    if sync is not None:
+        notes.append(f"it synchronises with the host ({sync}): timed with events, no stream hold, its launch "
+                     "gaps in its times"[:300])
+        mode = "events"
     if mode == "auto":
         probe = time_cuda_events(calls, dataclasses.replace(cfg, warmup_s=0.0, min_samples=5, max_samples=5,
                                                             max_time_s=0.5), device, batch=5)
@@ -365,10 +373,6 @@ def _measure_cuda(calls: Sequence[Call], device: str, cfg: TimingConfig) -> dict
         mode = "graph" if estimate < GRAPH_BELOW_US else "events"
     else:
         estimate = 10.0
-    restart = False
-    if mode == "graph" and (sync := host_sync_of(calls[0])) is not None:
-        notes.append(f"not capturable (it synchronises with the host: {sync}), timed with events"[:300])
-        mode = "events"
     if mode == "graph":
         try:
             return time_cuda_graph(calls, cfg, device, estimate)
@@ -376,5 +380,5 @@ def _measure_cuda(calls: Sequence[Call], device: str, cfg: TimingConfig) -> dict
             torch.cuda.synchronize()
             notes.append(f"graph capture failed, timed with events: {exc}"[:300])
             restart = True
-    record = time_cuda_events(calls, cfg, device, notes=notes)
+    record = time_cuda_events(calls, cfg, device, notes=notes, hold=sync is None)
     return {**record, "restart_worker": True} if restart else record

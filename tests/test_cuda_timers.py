@@ -253,9 +253,32 @@ def test_a_call_that_syncs_with_the_host_is_never_captured(gpu):
     """Found before any capture (sync debug mode "error" around one call), so nothing is left broken."""
     rec = timing.measure([gpu.kernel(4.0, syncs=True)], "cuda:0", CFG)
     assert rec["timer"] == "cuda-event" and rec["median"] == pytest.approx(4.0) and gpu.captures == 0
-    assert rec["notes"] == ["not capturable (it synchronises with the host: called a synchronizing CUDA operation), "
-                            "timed with events"]
+    assert rec["notes"] == ["it synchronises with the host (called a synchronizing CUDA operation): timed with events, "
+                            "no stream hold, its launch gaps in its times"]
     assert "restart_worker" not in rec and gpu.sync_debug == "default"
+    assert rec["hold_us"] == 0 and rec["holds_expired"] == 0  # held, every batch of such a call read late
+
+
+def test_a_launch_gap_in_the_middle_of_a_batch_discards_it(gpu):
+    """Only the batch's last call was checked: a 3 ms host pause before the 4th call's launch left a 3 ms sample."""
+    calls = iter(range(10**6))
+    kernel = gpu.kernel(300.0)
+
+    def paused_once():
+        if next(calls) == 3:
+            gpu.host_us += 3000.0
+        kernel()
+
+    rec = timing.time_cuda_events([paused_once], CFG, "cuda:0")
+    assert rec["holds_expired"] == 1 and max(rec["samples"]) == pytest.approx(300.0)
+
+
+def test_no_batch_is_discarded_past_max_time(gpu, monkeypatch):
+    gpu.launch_us = 20_000.0  # 20 ms of host time per call: every batch comes out late
+    monkeypatch.setattr(timing._Stopper, "elapsed", lambda self: 10.0)  # max_time_s (5 s) long past
+    rec = timing.time_cuda_events([gpu.kernel(3.0)], CFG, "cuda:0")
+    assert rec["holds_expired"] == 0 and rec["stop_reason"] == "max_time" and len(rec["samples"]) == 16
+    assert "1 batches were enqueued slower than the GPU ran them behind a 1 ms hold" in rec["notes"][0]
 
 
 def test_another_error_under_the_sync_probe_is_the_calls_own(gpu):
