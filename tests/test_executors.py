@@ -312,3 +312,31 @@ def test_use_device_passes_torchs_own_argument_check(monkeypatch):
     for device in ("cuda", "cpu", "cuda:1"):
         use_device(device)
     assert chosen == [1]
+
+
+def test_a_start_the_sweeps_end_killed_is_no_failure_and_starts_no_other(tmp_path, monkeypatch):
+    """Ctrl-C kills a worker while it starts: that is the sweep ending, not a start-up failure to retry (a new worker
+    would be spawned after shut()) or to count toward 'workers cannot start'."""
+    from spark_bench.executors import local
+    from spark_bench.executors.base import RunContext, Slot
+    from spark_bench.executors.worker_process import WorkerStartError
+
+    made = []
+
+    class DyingWorker:
+        def __init__(self, *args):
+            made.append(self)
+            self.log_path = tmp_path / "worker.log"
+
+        def wait_ready(self):
+            slot.stopping = True  # the interrupt arrives while it starts
+            raise WorkerStartError("worker died during start-up (killed by SIGKILL)")
+
+        def kill(self):
+            pass
+
+    monkeypatch.setattr(local, "Worker", DyingWorker)
+    slot = local.WorkerSlot(Slot("cpu", "cpu"), RunContext("cpu", TimingConfig(), 60.0), tmp_path)
+    with pytest.raises(RuntimeError, match="the sweep is stopping"):
+        slot._worker()
+    assert len(made) == 1 and slot.start_failures == []

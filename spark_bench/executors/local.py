@@ -65,8 +65,10 @@ class WorkerSlot:
                 self.worker.wait_ready()
             except WorkerStartError as exc:
                 log = self.worker.log_path
-                self.start_failures.append(str(exc).splitlines()[0])
                 self.retire()
+                if self.stopping:  # killed by the sweep's end (Ctrl-C, SIGTERM): no failure, and no new worker
+                    raise RuntimeError("the sweep is stopping") from None
+                self.start_failures.append(str(exc).splitlines()[0])
                 if attempt == GIVE_UP_AFTER_STARTS:
                     raise WorkersCannotStart.after(self.slot.device, exc, log) from None
                 continue
