@@ -13,7 +13,7 @@
 #   5. the GPU sweep (every op, every available backend, fla/vLLM as peers where installed), budgeted and resumable,
 #      and its HTML report.
 # Writes 8 files under $OUT (the device tool returns no more; the runs travel as runs.tar.gz). Run from the repo root:
-#   run(command="bash tests/gpu/run_gpu_check.sh", carry=[".whl", ".triton-cache.tar.xz"], timeout_s=540)
+#   run(command="bash tests/gpu/run_gpu_check.sh", carry=[".whl", ".triton-cache.tar.xz"], timeout_s=540, kind="nvidia-h200")
 # Peer wheels (plotly, fla-core, gguf and what they need) travel in .whl/ (see docs/gpu.md).
 set -uo pipefail
 OUT=${OUT:-/tmp/spark-gpu-out}
