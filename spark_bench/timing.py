@@ -241,8 +241,8 @@ def time_cuda_events(calls: Sequence[Call], cfg: TimingConfig, device: str, batc
             flush()
             starts[j].record()
             calls[i % len(calls)]()
-            late = late or (hold and starts[j].query())  # passed already: the GPU waited for this call's launch
             ends[j].record()
+            late = late or (hold and starts[j].query())  # passed already: the GPU waited for this call's launch
             i += 1
         sync()
         if late and hold_us < HOLD_MAX_US and stopper.elapsed() < cfg.max_time_s:
@@ -261,7 +261,15 @@ def time_cuda_events(calls: Sequence[Call], cfg: TimingConfig, device: str, batc
 
 class CaptureFailed(RuntimeError):
     """A graph capture failed; torch 2.11's allocator may still believe a capture is underway (pytorch#180395), so
-    every later capture and empty_cache() of this process can fail: the worker is restarted after the case."""
+    every later capture and empty_cache() of this process can fail: `capture_failed()` tells the worker to restart."""
+
+
+_capture_failed = False
+
+
+def capture_failed() -> bool:
+    """Whether a graph capture failed in this process (then no later capture here can be trusted to work)."""
+    return _capture_failed
 
 
 def host_sync_of(call: Call) -> str | None:
@@ -359,8 +367,9 @@ def on_device(device: str) -> contextlib.AbstractContextManager[Any]:
 
 
 def _measure_cuda(calls: Sequence[Call], device: str, cfg: TimingConfig) -> dict[str, Any]:
+    global _capture_failed
     torch.cuda.synchronize()
-    mode, notes, restart = cfg.mode, [], False
+    mode, notes = cfg.mode, []
     sync = host_sync_of(calls[0])  # such a call waits for the GPU itself: no graph, and no hold (every batch late)
     if sync is not None:
         notes.append(f"it synchronises with the host ({sync}): timed with events, no stream hold, its launch "
@@ -379,6 +388,5 @@ def _measure_cuda(calls: Sequence[Call], device: str, cfg: TimingConfig) -> dict
         except CaptureFailed as exc:  # dynamic allocation and the like: say so, use events, restart the worker after
             torch.cuda.synchronize()
             notes.append(f"graph capture failed, timed with events: {exc}"[:300])
-            restart = True
-    record = time_cuda_events(calls, cfg, device, notes=notes, hold=sync is None)
-    return {**record, "restart_worker": True} if restart else record
+            _capture_failed = True
+    return time_cuda_events(calls, cfg, device, notes=notes, hold=sync is None)

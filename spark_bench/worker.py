@@ -25,7 +25,7 @@ from typing import Any
 from spark_bench import results, triton_env
 from spark_bench.devices import use_device
 from spark_bench.sweep import Case
-from spark_bench.timing import TimingConfig, on_device
+from spark_bench.timing import TimingConfig, capture_failed, on_device
 
 ENERGY_ENV = "SPARK_BENCH_ENERGY"
 OOM_MARKERS = ("out of memory", "not enough memory", "cannot allocate memory", "outofmemoryerror")
@@ -111,6 +111,8 @@ class CaseRunner:
             record["traceback"] = traceback.format_exc()[-4000:]
             if "cuda error" in record["error"].lower() or "illegal memory" in record["error"].lower():
                 record["restart_worker"] = True  # a CUDA context error poisons every later case of this process
+        if capture_failed():  # a failed graph capture: no later capture in this process works
+            record["restart_worker"] = True
         record["duration_s"] = round(time.perf_counter() - t0, 4)
         record["memory"] = _memory_end(case.device, memory)
         return record
@@ -161,8 +163,6 @@ class CaseRunner:
         calls = [functools.partial(fn, **s) for s in timed_sets]
         before = compile_count()
         timing = measure(calls, case.device, cfg)
-        if timing.pop("restart_worker", False):  # a failed graph capture: no later capture in this process works
-            record["restart_worker"] = True
         record["recompiles_during_timing"] = compile_count() - before
         if record["recompiles_during_timing"]:
             record["labels"].append("recompiled-in-timing")
@@ -190,8 +190,6 @@ class CaseRunner:
             stage_cfg = for_stages(cfg, len(stage_calls))
             record["stages"] = [{"name": name, "timing": measure([call], case.device, stage_cfg)}
                                 for name, call in stage_calls]
-            if any([s["timing"].pop("restart_worker", False) for s in record["stages"]]):
-                record["restart_worker"] = True
         record["status"] = "ok"
 
     def _check_rotated(self, op, backend, fn, case: Case, sets, record: dict[str, Any]) -> bool:

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from conftest import run_cli
 
-from spark_bench.kernelgate.memcheck import OutOfBounds, edge_programs, memcheck
+from spark_bench.kernelgate.memcheck import OutOfBounds, edge_programs, memcheck, out_of_bounds_in
 
 
 @triton.jit
@@ -28,12 +28,6 @@ def _count(counter, slot):
     tl.atomic_add(counter + slot, 1)
 
 
-def _cause(exc: BaseException) -> BaseException:
-    while not isinstance(exc, OutOfBounds) and (exc.__cause__ or exc.__context__) is not None:
-        exc = exc.__cause__ or exc.__context__
-    return exc
-
-
 @pytest.mark.parametrize("n", [100, 37])
 def test_a_read_one_past_the_end_is_caught_and_masked_addresses_are_not(n):
     x, y = torch.randn(n), torch.empty(n)
@@ -42,7 +36,7 @@ def test_a_read_one_past_the_end_is_caught_and_masked_addresses_are_not(n):
         assert torch.equal(x, y)
         with pytest.raises(Exception) as info:
             _copy[(triton.cdiv(n, 32),)](x, y, n, EXTRA=1, BLOCK=32)
-    cause = _cause(info.value)
+    cause = out_of_bounds_in(info.value)
     assert isinstance(cause, OutOfBounds), info.value
     last = triton.cdiv(n, 32) - 1
     assert f"_copy program ({last}, 0, 0): load of 1 of" in str(cause)
@@ -55,7 +49,7 @@ def test_an_atomic_past_the_end_is_caught():
         _count[(1,)](counter, 3)
         with pytest.raises(Exception) as info:
             _count[(1,)](counter, 4)
-    assert "atomic of 1 of 1 elements out of bounds" in str(_cause(info.value))
+    assert "atomic of 1 of 1 elements out of bounds" in str(out_of_bounds_in(info.value))
     assert counter.tolist() == [0, 0, 0, 1]
 
 
@@ -101,7 +95,7 @@ def test_a_launch_without_tensor_arguments_has_nothing_in_bounds():
 
     from spark_bench.kernelgate import memcheck as mc
 
-    mc._state.launch = ("scalar_only", [], lambda: (0, 0, 0))
+    mc._state.launch = ("scalar_only", [], np.zeros(0, np.int64), np.zeros(0, np.int64), lambda: (0, 0, 0))
     try:
         with pytest.raises(OutOfBounds, match="the launch has no tensor arguments"):
             mc.check("load", np.array([4096], dtype=np.uint64), None, 4)

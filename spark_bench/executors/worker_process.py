@@ -29,7 +29,7 @@ class WorkersCannotStart(Exception):
     @classmethod
     def after(cls, device: str, error: WorkerStartError, log_path: Path) -> WorkersCannotStart:
         first, *tail = str(error).splitlines()
-        cause = next((line.strip() for line in reversed(tail) if line.strip()), "its log is empty")
+        cause = next((line.strip() for line in reversed(tail) if line.strip()), "(nothing)")
         return cls(f"workers cannot start on {device}: {first.removeprefix('worker ')}; its log ends: {cause} "
                    f"(log: {log_path})")
 

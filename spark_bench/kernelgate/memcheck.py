@@ -23,11 +23,20 @@ from collections.abc import Iterator
 
 import numpy as np
 
-_state = threading.local()  # the launch being interpreted: (kernel name, [(lo, hi, arg name)])
+_state = threading.local()  # the launch being interpreted: (kernel, [(lo, hi, arg)], los, his, () -> program id)
 
 
 class OutOfBounds(RuntimeError):
     """An interpreted kernel touched memory outside every tensor argument's storage."""
+
+
+def out_of_bounds_in(exc: BaseException) -> OutOfBounds | None:
+    """The OutOfBounds an exception carries (the interpreter wraps it in InterpreterError), or None."""
+    for _ in range(6):
+        if exc is None or isinstance(exc, OutOfBounds):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _tensors(name: str, arg) -> list[tuple[str, object]]:
@@ -71,21 +80,19 @@ def check(kind: str, ptrs, mask, itemsize: int) -> None:
     launch = getattr(_state, "launch", None)
     if launch is None:
         return
-    name, ranges, grid_idx = launch[0], launch[1], launch[2]()
+    name, ranges, los, his, grid_idx = launch
     addresses = np.asarray(ptrs, dtype=np.uint64)
     if mask is not None:
         addresses = addresses[np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape)]
     addresses = addresses.ravel().astype(np.int64, copy=False)  # user-space addresses fit in 63 bits
     if addresses.size == 0:
         return
-    los = np.array([r[0] for r in ranges], dtype=np.int64)
-    his = np.array([r[1] for r in ranges], dtype=np.int64)
     index = np.searchsorted(los, addresses, side="right") - 1
     inside = ((index >= 0) & (addresses + itemsize <= his[np.maximum(index, 0)]) if ranges
               else np.zeros(addresses.shape, dtype=bool))  # no tensor argument: nothing is in bounds
     if not inside.all():
         bad = addresses[~inside]
-        raise OutOfBounds(f"{name} program {grid_idx}: {kind} of {bad.size} of {addresses.size} elements out of "
+        raise OutOfBounds(f"{name} program {grid_idx()}: {kind} of {bad.size} of {addresses.size} elements out of "
                           f"bounds; the first {_where(int(bad[0]), ranges)}")
 
 
@@ -120,8 +127,9 @@ def memcheck(target=None, programs=None, on_launch=None) -> Iterator[dict[str, i
     def init_args(self, args_dev, kwargs):  # the host copies the kernel's pointers point into
         args_hst, kwargs_hst = saved_init(self, args_dev, kwargs)
         names = [*self.arg_names[:len(args_hst)], *kwargs_hst]
-        _state.launch = (self.fn.__name__, _ranges(names, [*args_hst, *kwargs_hst.values()]),
-                         lambda: tuple(interpreter.interpreter_builder.grid_idx))
+        ranges = _ranges(names, [*args_hst, *kwargs_hst.values()])
+        bounds = (np.array([r[0] for r in ranges], dtype=np.int64), np.array([r[1] for r in ranges], dtype=np.int64))
+        _state.launch = (self.fn.__name__, ranges, *bounds, lambda: tuple(interpreter.interpreter_builder.grid_idx))
         return args_hst, kwargs_hst
 
     def call(self, *args, **kwargs):

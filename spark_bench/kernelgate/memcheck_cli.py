@@ -28,7 +28,7 @@ def _progress(kernel: str, ran, grid, seconds: float) -> None:
 def check_case(op, backend, case, target, edges: bool) -> tuple[str, str]:
     """(status, detail) of one case's backend call under memcheck: ok, no-kernel (it launched no interpreted Triton
     kernel: nothing was checked), out-of-bounds or error."""
-    from spark_bench.kernelgate.memcheck import OutOfBounds, edge_programs, memcheck
+    from spark_bench.kernelgate.memcheck import edge_programs, memcheck, out_of_bounds_in
 
     inputs = op.make_inputs(case.params, device="cpu", dtype=case.dtype, seed=case.seed)
     try:
@@ -36,10 +36,8 @@ def check_case(op, backend, case, target, edges: bool) -> tuple[str, str]:
               np.errstate(all="ignore") if edges else contextlib.nullcontext()):  # unrun programs leave garbage
             backend.fn(**inputs)
     except Exception as exc:  # noqa: BLE001 - the interpreter wraps the kernel's exception in InterpreterError
-        cause, seen = exc, 0
-        while cause is not None and not isinstance(cause, OutOfBounds) and seen < 5:
-            cause, seen = cause.__cause__ or cause.__context__, seen + 1
-        if isinstance(cause, OutOfBounds):
+        cause = out_of_bounds_in(exc)
+        if cause is not None:
             return "out-of-bounds", str(cause)
         return "error", f"{type(exc).__name__}: {exc}"[:300]
     if not counts["launches"]:

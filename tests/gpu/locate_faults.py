@@ -94,8 +94,10 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--one"]:
         run_one(json.loads(argv[1]))
         return 0
-    budget = float(argv[argv.index("--budget") + 1]) if "--budget" in argv else 60.0
-    argv = [a for i, a in enumerate(argv) if a != "--budget" and (i == 0 or argv[i - 1] != "--budget")]
+    budget = 60.0
+    if "--budget" in argv:
+        i = argv.index("--budget")
+        budget, argv = float(argv[i + 1]), argv[:i] + argv[i + 2:]
     out, runs = Path(argv[0]), [Path(a) for a in argv[1:]]
     cases = faulting_cases(runs)
     print(f"faults: {len(cases)} (op, backend) with a CUDA fault in {len(runs)} runs", flush=True)
