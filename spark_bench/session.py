@@ -265,7 +265,7 @@ class Session:
         cases = cls._cases(spec)
         from spark_bench.fingerprint import fingerprint
         from spark_bench.telemetry import preflight, roofline_for
-        from spark_bench.telemetry.calibrate import busy_text
+        from spark_bench.telemetry.calibrate import busy_text, clock_notes
 
         run_id = results.new_run_id(spec.device) if out is None else Path(out).name
         store = results.RunStore(out if out is not None else results_root / run_id)
@@ -280,6 +280,8 @@ class Session:
         if busy:
             console(stderr=True).print(f"warning: the roofline peaks were measured while the machine was {busy}: "
                                        "likely low, so % of roofline reads high", markup=False)
+        for note in clock_notes(roofline.get("measured") or {}):
+            console(stderr=True).print(f"warning: roofline peak measured throttled, {note}", markup=False)
         store.create({
             "run_id": run_id, "created": results.now(), "finished": None,
             "fingerprint": fingerprint(spec.device, weights=spec.weights),  # with --weights: the file and layer hash

@@ -274,3 +274,70 @@ def test_an_unwritable_cache_keeps_the_measured_peaks_with_a_warning(tmp_path, m
     with pytest.raises(OSError):
         store(entry, tmp_path / "a-file" / "r.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # no temporary file left behind
+
+
+class _ScriptedGpu:
+    """A telemetry source on the real clock whose SM clock drops to 1500 MHz under a power cap while `capped`."""
+
+    def __new__(cls):
+        from spark_bench.telemetry.nvml import Source
+
+        class Scripted(Source):
+            capped = False
+
+            def sm_clock_mhz(self):
+                return 1500.0 if self.capped else 1980.0
+
+            def default_sm_clock_mhz(self):
+                return 1980.0
+
+            def power_instant_w(self):
+                return 700.0 if self.capped else 400.0
+
+            def clock_event_reasons(self):
+                return 0x4 if self.capped else 0  # sw_power_cap
+
+        return Scripted()
+
+
+def test_each_peak_keeps_the_clocks_it_was_measured_at_and_a_throttled_one_is_labelled(tmp_path, monkeypatch):
+    """The first H200 run's bf16 matmul peak was 13% under what such machines gave, and nothing said at what clock."""
+    from types import SimpleNamespace
+
+    from spark_bench.report.html import calibration
+
+    gpu = _ScriptedGpu()
+    real = cal.measure_matmul
+
+    def capped_matmul(*args, **kwargs):  # the matmuls run into the power cap, the copy does not
+        gpu.capped = True
+        try:
+            return real(*args, **kwargs)
+        finally:
+            gpu.capped = False
+
+    monkeypatch.setattr(cal, "measure_matmul", capped_matmul)
+    _machine(monkeypatch, IDLE)
+    entry = cal.calibrate("cpu", sizes={**TINY, "budget_s": 0.2}, source=gpu)
+    copy = entry["details"]["copy"]["clocks"]
+    assert copy["samples"] >= 2 and copy["throttled_samples"] == 0 and copy["sm_mhz_median"] == 1980.0
+    assert copy["power_w_median"] == 400.0 and copy["reasons"] == []
+    for dtype in ("fp32", "bf16"):
+        clocks = entry["details"]["matmul"][dtype]["clocks"]
+        assert clocks["samples"] >= 2 and clocks["throttled_samples"] == clocks["samples"]
+        assert clocks["sm_mhz_median"] == 1500.0 and clocks["power_w_median"] == 700.0
+        assert clocks["throttle"] == ["clock-event reasons: sw_power_cap"]
+    notes = cal.clock_notes(entry)
+    assert [n.split(":")[0] for n in notes] == ["matmul fp32", "matmul bf16"]
+    assert "throttled (clock-event reasons: sw_power_cap); SM 1500 MHz median, 700 W" in notes[0]
+    # where the peaks are shown: `spark-bench calibrate` (from the cache here) and the report's roofline row
+    cache = tmp_path / "roof.json"
+    store(entry, cache)
+    text = CliRunner().invoke(calibrate_cmd, ["--device", "cpu", "--cache", str(cache)])
+    assert text.exit_code == 0, text.output
+    assert "warning: measured throttled, matmul fp32: " in text.output and "bandwidth:" not in text.output
+    row = calibration(SimpleNamespace(run={"roofline": {"measured": entry}, "created": entry["measured_at"]}))
+    assert "measured throttled, matmul bf16: " in row and "that peak is likely low" in row
+    # without a source (a CPU) nothing is sampled and nothing is said
+    plain = cal.calibrate("cpu", sizes=TINY)
+    assert "clocks" not in plain["details"]["copy"] and cal.clock_notes(plain) == []

@@ -33,7 +33,7 @@ from spark_bench.report.model import (
 )
 from spark_bench.report.timeline import timeline_section
 from spark_bench.report.tuned import tuned_section
-from spark_bench.telemetry.calibrate import busy_text
+from spark_bench.telemetry.calibrate import busy_text, clock_notes
 
 COMPARE_THRESHOLD = 0.05
 
@@ -172,6 +172,7 @@ def calibration(run: RunData) -> str:
         if measured.get("busy"):
             parts.append(f"taken while the machine was {busy_text(measured)}: the peaks are likely low, so % of "
                          "roofline reads high")
+        parts += [f"measured throttled, {note}: that peak is likely low" for note in clock_notes(measured)]
     else:
         parts.append("not measured")
     if sheet:

@@ -7,6 +7,11 @@ Each rate is the best batch of back-to-back calls (CUDA events on GPU, perf_coun
 is what the device can reach, and other load on the machine only ever slows a batch down.
 The CPU sizes are moderate so `spark-bench calibrate --device cpu` finishes in seconds.
 
+On a GPU, NVML is sampled every 20 ms while it measures, and each peak keeps what its timed batches ran at
+(`clocks`: SM clock min/median, median power, clock-event reasons, samples throttled by nvbench's rule): a peak
+measured under a power cap or at low clocks is then labelled so (the first H200 run's bf16 matmul gave 680 TFLOP/s
+where such machines gave 769-798, and nothing said at what clock).
+
 On a CPU, other work on the machine lowers every batch alike (a test suite on all cores gave peaks 10x low, which
 the cache then served to every later run). So the entry records the load (`load`): the load average before measuring
 and the share of the CPUs other processes used while measuring (from /proc/stat, less this process's own time). A CPU
@@ -88,8 +93,10 @@ def busy_text(entry: dict[str, Any]) -> str:
     return f"busy (load average {load.get('loadavg_1min')} on {load.get('cpus')} CPUs)"
 
 
-def per_call_seconds(fn: Callable[[], Any], device: str, budget_s: float, warmup_s: float) -> tuple[float, int]:
-    """(best seconds per call over the timed batches, calls timed) of fn on device, after warmup_s of warm-up."""
+def per_call_seconds(fn: Callable[[], Any], device: str, budget_s: float, warmup_s: float,
+                     window: list[float] | None = None) -> tuple[float, int]:
+    """(best seconds per call over the timed batches, calls timed) of fn on device, after warmup_s of warm-up.
+    `window` (when given) receives the timed batches' start and end in epoch seconds (the telemetry's clock)."""
     import torch
 
     cuda = device.startswith("cuda")
@@ -101,7 +108,7 @@ def per_call_seconds(fn: Callable[[], Any], device: str, budget_s: float, warmup
         n += 1
     batch = max(1, int(BATCH_S / ((time.perf_counter() - start) / n)))
     samples: list[float] = []
-    start = time.perf_counter()
+    start, began = time.perf_counter(), time.time()
     while len(samples) < 3 or time.perf_counter() - start < budget_s:
         if cuda:
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -116,21 +123,25 @@ def per_call_seconds(fn: Callable[[], Any], device: str, budget_s: float, warmup
             for _ in range(batch):
                 fn()
             samples.append((time.perf_counter() - t0) / batch)
+    if window is not None:
+        window[:] = [began, time.time()]
     return min(samples), len(samples) * batch
 
 
-def measure_bandwidth(device: str, nbytes: int, budget_s: float, warmup_s: float) -> dict[str, Any]:
+def measure_bandwidth(device: str, nbytes: int, budget_s: float, warmup_s: float,
+                      window: list[float] | None = None) -> dict[str, Any]:
     import torch
 
     src = torch.randn(nbytes // 4, device=device)
     dst = torch.empty_like(src)
-    seconds, calls = per_call_seconds(lambda: dst.copy_(src), device, budget_s, warmup_s)
+    seconds, calls = per_call_seconds(lambda: dst.copy_(src), device, budget_s, warmup_s, window)
     moved = 2 * src.numel() * src.element_size()
     return {"gbps": moved / seconds / 1e9, "bytes_moved": moved, "seconds": seconds, "calls": calls,
             "method": "dst.copy_(src), bytes read + written"}
 
 
-def measure_matmul(device: str, dtype: str, n: int, budget_s: float, warmup_s: float) -> dict[str, Any]:
+def measure_matmul(device: str, dtype: str, n: int, budget_s: float, warmup_s: float,
+                   window: list[float] | None = None) -> dict[str, Any]:
     import torch
 
     from spark_bench.dtypes import torch_dtype
@@ -143,7 +154,7 @@ def measure_matmul(device: str, dtype: str, n: int, budget_s: float, warmup_s: f
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
     try:
-        seconds, calls = per_call_seconds(lambda: torch.matmul(a, b, out=out), device, budget_s, warmup_s)
+        seconds, calls = per_call_seconds(lambda: torch.matmul(a, b, out=out), device, budget_s, warmup_s, window)
     finally:
         torch.set_float32_matmul_precision(before)
     return {"tflops": 2 * n**3 / seconds / 1e12, "n": n, "seconds": seconds, "calls": calls}
@@ -151,8 +162,9 @@ def measure_matmul(device: str, dtype: str, n: int, budget_s: float, warmup_s: f
 
 def calibrate(device: str = "cuda", *, identity: dict[str, Any] | None = None,
               sizes: dict[str, Any] | None = None, dtypes: list[str] | None = None,
-              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Measure this device's peaks and return a roofline cache entry (see roofline.py)."""
+              progress: Callable[[str], None] | None = None, source: Any = None) -> dict[str, Any]:
+    """Measure this device's peaks and return a roofline cache entry (see roofline.py). `source`: the telemetry
+    source sampled while measuring (default: the GPU's NVML where there is one; none on a CPU)."""
     import torch
 
     import spark_bench
@@ -167,21 +179,26 @@ def calibrate(device: str = "cuda", *, identity: dict[str, Any] | None = None,
         cfg["copy_bytes"] = min(cfg["copy_bytes"], total // 8)
     say = progress or (lambda _msg: None)
     load, others_share = machine_load(), cpu_meter()
-    with on_device(device):  # cuda:N current: the copies, matmuls, events and syncs are N's
-        say(f"bandwidth: copying {cfg['copy_bytes'] / 2**20:.0f} MiB")
-        copy = measure_bandwidth(device, cfg["copy_bytes"], cfg["budget_s"], cfg["warmup_s"])
-        matmul = {}
-        for dtype in dtypes or list(cfg["matmul_n"]):
-            n = cfg["matmul_n"][dtype]
-            say(f"matmul {dtype}: {n}x{n}x{n}")
-            try:
-                matmul[dtype] = measure_matmul(device, dtype, n, cfg["budget_s"], cfg["warmup_s"])
-            except RuntimeError as exc:  # a dtype this device's matmul does not support
-                matmul[dtype] = {"tflops": None, "n": n, "error": str(exc).splitlines()[0]}
-        if cuda:
-            torch.cuda.empty_cache()
-        else:
-            load = {**load, "others_cpu_share": others_share()}
+    watch = _Watch(source if source is not None or not cuda else _nvml(device))
+    try:
+        with on_device(device):  # cuda:N current: the copies, matmuls, events and syncs are N's
+            say(f"bandwidth: copying {cfg['copy_bytes'] / 2**20:.0f} MiB")
+            copy = watch.measured(measure_bandwidth, device, cfg["copy_bytes"], cfg["budget_s"], cfg["warmup_s"])
+            matmul = {}
+            for dtype in dtypes or list(cfg["matmul_n"]):
+                n = cfg["matmul_n"][dtype]
+                say(f"matmul {dtype}: {n}x{n}x{n}")
+                try:
+                    matmul[dtype] = watch.measured(measure_matmul, device, dtype, n, cfg["budget_s"],
+                                                   cfg["warmup_s"])
+                except RuntimeError as exc:  # a dtype this device's matmul does not support
+                    matmul[dtype] = {"tflops": None, "n": n, "error": str(exc).splitlines()[0]}
+            if cuda:
+                torch.cuda.empty_cache()
+            else:
+                load = {**load, "others_cpu_share": others_share()}
+    finally:
+        watch.stop()
     return {
         "fingerprint_id": identity["fingerprint_id"], "key_source": identity["key_source"],
         "device": identity["device"], "measured_at": now_iso(),
@@ -190,3 +207,53 @@ def calibrate(device: str = "cuda", *, identity: dict[str, Any] | None = None,
         "versions": {"torch": torch.__version__, "spark_bench": spark_bench.__version__},
         "load": load, "busy": was_busy(load, device),
     }
+
+
+CLOCK_PERIOD_S = 0.02  # NVML sampling period while measuring: ~50 samples in a 1 s timed phase
+
+
+def _nvml(device: str) -> Any:
+    from spark_bench.telemetry.nvml import open_source
+
+    return open_source(device)[0]
+
+
+class _Watch:
+    """Samples `source` (None: nothing) while calibrating; `measured(fn, ...)` runs one measurement and adds the
+    clocks its timed batches ran at (sampler.window_clocks; None without a source or without samples)."""
+
+    def __init__(self, source: Any) -> None:
+        from spark_bench.telemetry.sampler import Sampler
+
+        self.sampler = Sampler(source, CLOCK_PERIOD_S).start() if source is not None else None
+        self.default_sm_mhz = source.default_sm_clock_mhz() if source is not None else None
+
+    def measured(self, fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+        window: list[float] = []
+        result = fn(*args, window=window)
+        if self.sampler is not None and window:
+            from spark_bench.telemetry.sampler import window_clocks
+
+            result["clocks"] = window_clocks(self.sampler.between(*window), self.default_sm_mhz)
+        return result
+
+    def stop(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+
+
+def clock_notes(entry: dict[str, Any]) -> list[str]:
+    """One line per peak of a calibration entry that ran throttled (nvbench's rule) while it was timed, e.g.
+    'matmul bf16: 31 of 48 samples throttled (clock-event reasons: sw_power_cap); SM 1755 MHz median, 698 W'."""
+    details = entry.get("details") or {}
+    parts = [("bandwidth", details.get("copy") or {})]
+    parts += [(f"matmul {d}", m) for d, m in (details.get("matmul") or {}).items()]
+    notes = []
+    for name, part in parts:
+        clocks = part.get("clocks") or {}
+        if clocks.get("throttled_samples"):
+            sm, power = clocks.get("sm_mhz_median"), clocks.get("power_w_median")
+            notes.append(f"{name}: {clocks['throttled_samples']} of {clocks['samples']} samples throttled "
+                         f"({'; '.join(clocks['throttle'])}); SM {'?' if sm is None else f'{sm:.0f}'} MHz median, "
+                         f"{'?' if power is None else f'{power:.0f}'} W")
+    return notes

@@ -97,6 +97,10 @@ def calibrate(device: str | None, as_json: bool, cache: Path | None, force: bool
         peak = (sheet.get("tflops") or {}).get(dtype)
         click.echo(f"{'matmul ' + dtype:<16} {_num(rate, 'TFLOP/s'):>16} {_num(peak, 'TFLOP/s'):>16} "
                    f"{_num(pct, '%'):>15}")
+    from spark_bench.telemetry.calibrate import clock_notes
+
+    for note in clock_notes(measured):
+        click.echo(f"warning: measured throttled, {note}: that peak is likely low", err=True)
     if measured.get("busy"):
         from spark_bench.telemetry.calibrate import busy_text
 

@@ -116,6 +116,20 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def window_clocks(rows: list[dict[str, Any]], default_sm_mhz: float | None) -> dict[str, Any] | None:
+    """What the samples of one measurement window saw: summarize()'s clocks and reasons, the median power, and how
+    many samples were throttled by nvbench's rule (clocks.throttle_findings) with the first finding; None without
+    samples (a window shorter than the period)."""
+    if not rows:
+        return None
+    from spark_bench.telemetry.clocks import throttle_findings
+
+    found = [f for r in rows if (f := throttle_findings(r.get("sm_mhz"), default_sm_mhz, r.get("reasons")))]
+    power = [r["power_w"] for r in rows if r.get("power_w") is not None]
+    return {**summarize(rows), "power_w_median": statistics.median(power) if power else None,
+            "throttled_samples": len(found), "throttle": found[0] if found else []}
+
+
 class TelemetryLog:
     """Appends header, sample and phase rows to a telemetry.jsonl (thread-safe, flushed about once a second)."""
 
@@ -185,12 +199,7 @@ class RunTelemetry:
             rows = self._timing_rows.pop(case_id, None)
             if self._watched == case_id:
                 self._watched = None
-        if not rows:
-            return None
-        from spark_bench.telemetry.clocks import throttle_findings
-
-        found = [f for r in rows if (f := throttle_findings(r.get("sm_mhz"), self.default_sm_mhz, r.get("reasons")))]
-        return {**summarize(rows), "throttled_samples": len(found), "throttle": found[0] if found else []}
+        return window_clocks(rows, self.default_sm_mhz)
 
     @classmethod
     def start(cls, run_dir: str | Path, device: Any = 0, *, period_s: float = 0.05,
