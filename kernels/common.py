@@ -37,9 +37,15 @@ def row_block(n_cols: int, budget: int = 4096) -> int:
 
 @triton.jit
 def softplus(x):
-    """log(1 + exp(x)) = max(x, 0) + log(1 + exp(-|x|)); equals x beyond 20 like torch's threshold."""
-    sp = tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
-    return tl.where(x > 20.0, x, sp)
+    """log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)); equals x beyond 20 like torch's threshold.
+
+    log1p(t) is log(u) * t / (u - 1) with u = 1 + t rounded (t itself where u rounds to 1): exact to a few ulps for
+    every t. log(1 + t) alone lost the digits of t below 1 ulp of 1, so softplus(-9) was off by 3e-4 relative and
+    softplus(x < -16.6) was 0 (kda.gate's check failed from dt_bias ~ -6; a real checkpoint's gate gets there)."""
+    t = tl.exp(-tl.abs(x))
+    u = 1.0 + t
+    log1p = tl.where(u == 1.0, t, tl.log(u) * (t / (u - 1.0)))
+    return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + log1p)
 
 
 @triton.jit

@@ -88,3 +88,17 @@ def test_grid_order_heads_fastest_unless_the_token_blocks_exceed_grid_dimension_
         check = check_outputs(OP, call("triton", inputs), ref, inputs, "bf16")
         assert check["ok"], check["message"]
     assert grids == [(3, 4), (4, 3)]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_softplus_keeps_its_digits_far_below_zero(dtype):
+    """softplus(x) ~ exp(x) for x << 0: log(1 + exp(x)) rounded to 0 below x ~ -16.6 (the kernel's gate was 0 where
+    the reference's is -a * 2e-9) and lost digits from x ~ -9, failing the check once dt_bias sat near -10."""
+    for shift in (-6.0, -10.0, -20.0, -40.0):
+        inputs = OP.make_inputs({"tokens": 33, "heads": 2, "head_dim": 64}, dtype=dtype, seed=9)
+        inputs["dt_bias"] = inputs["dt_bias"] + shift
+        out = call("triton", inputs)
+        ref = OP.reference(**inputs)
+        check = check_outputs(OP, out, ref, inputs, dtype)
+        assert check["ok"], f"dt_bias shifted by {shift}: {check['message']}"
+        assert (out < 0).all(), f"dt_bias shifted by {shift}: a decay rounded to 0"

@@ -128,6 +128,21 @@ def test_quick_points_respect_group_constraints():
     assert OP.points(preset="deepseek-v3")[0]["groups"] == 8
 
 
+@pytest.mark.parametrize("topk, groups, topk_groups, why", [
+    (3, 4, 1, "topk 3 exceeds the 2 experts"),  # took a masked group's expert 0
+    (2, 8, 2, "groups of >= 2"),  # one expert per group: every group tied at -inf, ids all 0
+    (2, 3, 1, "do not split"), (2, 4, 5, "topk_groups 5 must be in")])
+def test_the_kernel_refuses_the_groupings_the_op_forbids(topk, groups, topk_groups, why):
+    """route() called directly (not through the op's sweep) returned duplicate or masked ids for these."""
+    from spark_bench.kernels.moe.router import route
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 16, generator=g).bfloat16(), torch.randn(8, 16, generator=g).bfloat16()
+    with pytest.raises(ValueError, match=why):
+        route(x, w, torch.zeros(8), topk=topk, groups=groups, topk_groups=topk_groups)
+    assert OP.invalid_reason(params(1, experts=8, topk=topk, groups=groups, topk_groups=topk_groups)) is not None
+
+
 @pytest.mark.parametrize("path, ticket, rows, sms", [("rows", 1, 16, 1), ("split", 1, 16, 1), ("split", 1, 16, 64),
                                                      ("split", 0, 16, 64), ("split", 1, 1, 64)])
 @pytest.mark.parametrize("seed, tokens, hidden, experts, topk, groups, topk_groups", [

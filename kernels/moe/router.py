@@ -227,6 +227,19 @@ def _rows(x, gate_w, bias, weights, ids, selection, meta, options):
                                         BE=next_pow2(E), BD=BD, **selection["meta"], UPCAST_DOT=INTERPRET, **options)
 
 
+def group_problem(experts: int, groups: int, topk_groups: int, topk: int) -> str | None:
+    """Why this grouped selection is invalid, or None: groups of >= 2 experts (a one-expert group's second-best
+    score is -inf, so every group would tie at -inf), 1 <= topk_groups <= groups, and topk within the kept groups'
+    experts (past them the selection takes masked experts)."""
+    if groups < 1 or experts % groups or (groups > 1 and experts // groups < 2):
+        return f"{experts} experts do not split into groups of >= 2 ({groups} groups)"
+    if not 1 <= topk_groups <= groups:
+        return f"topk_groups {topk_groups} must be in [1, groups = {groups}]"
+    if topk > topk_groups * (experts // groups):
+        return f"topk {topk} exceeds the {topk_groups * (experts // groups)} experts of the kept groups"
+    return None
+
+
 def route(x: torch.Tensor, gate_w: torch.Tensor, gate_bias: torch.Tensor, topk: int, groups: int = 1,
           topk_groups: int = 1, routed_scaling_factor: float = 1.0, path: str = "auto",
           shared_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,8 +250,9 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, gate_bias: torch.Tensor, topk: 
     x, gate_w = x.contiguous(), gate_w.contiguous()
     T = x.shape[0]
     E = gate_w.shape[0]
-    if E % groups or topk_groups > groups:
-        raise ValueError(f"{E} experts cannot form {groups} groups keeping {topk_groups}")
+    problem = group_problem(E, groups, topk_groups, topk)
+    if problem:
+        raise ValueError(problem)
     R = topk + (shared_id is not None)
     weights = torch.empty((T, R), dtype=torch.float32, device=x.device)
     ids = torch.empty((T, R), dtype=torch.int32, device=x.device)

@@ -141,15 +141,9 @@ def cost(p, dtype):
 
 
 def valid_groups(p):
-    G, TG, E, K = p["groups"], p["topk_groups"], p["experts"], p["topk"]
-    if E % G or (G > 1 and E // G < 2):
-        return f"{E} experts do not split into groups of >= 2 ({G} groups)"
-    if not 1 <= TG <= G:
-        return f"topk_groups {TG} must be in [1, groups = {G}]"
-    if K > TG * (E // G):
-        return f"topk {K} exceeds the {TG * (E // G)} experts of the kept groups"
-    return None
+    from spark_bench.kernels.moe.router import group_problem
 
+    return group_problem(p["experts"], p["groups"], p["topk_groups"], p["topk"])
 
 
 def from_file(p, src, gen, *, device, dtype, seed, factory):
