@@ -105,8 +105,10 @@ def stack_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         part = fp.get(section)
         return part.get(key) if isinstance(part, dict) else None
 
-    return [f"{section}.{key} {field(a, section, key)!r} -> {field(b, section, key)!r}"
-            for section, key in IDENTITY_FIELDS if field(a, section, key) != field(b, section, key)]
+    found = [f"{section}.{key} {field(a, section, key)!r} -> {field(b, section, key)!r}"
+             for section, key in IDENTITY_FIELDS if field(a, section, key) != field(b, section, key)]
+    codegen_a, codegen_b = a.get("triton_codegen_env") or {}, b.get("triton_codegen_env") or {}
+    return found + ([f"triton_codegen_env {codegen_a!r} -> {codegen_b!r}"] if codegen_a != codegen_b else [])
 
 
 def stack_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
@@ -129,6 +131,16 @@ def git_info() -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
+def triton_codegen_env() -> dict[str, str]:
+    """The environment variables set now that change what Triton compiles (its own list of cache-invalidating ones,
+    e.g. DISABLE_MMA_V3, which the GPU check sets when a kernel faulted with Hopper's wgmma); {} without Triton."""
+    try:
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+    except Exception:  # noqa: BLE001 - no Triton, or one without the list
+        return {}
+    return {k: str(v) for k, v in sorted(get_cache_invalidating_env_vars().items()) if k != "TRITON_INTERPRET"}
+
+
 def fingerprint(device: str, weights: dict[str, Any] | None = None) -> dict[str, Any]:
     """The run's environment; with a weight spec (--weights/--routing) also `weights`: the file(s), their sizes, the
     layer and a content hash of its tensors (spark_bench.weights.describe), so `compare` can tell runs apart."""
@@ -143,6 +155,9 @@ def fingerprint(device: str, weights: dict[str, Any] | None = None) -> dict[str,
         ident["power_limit_w"] = power["limit_w"]
     if dev["type"] == "cpu":  # 2 cores or 16 of one CPU model time host code differently (GPU ids unchanged)
         ident["cores"] = dev["cores"]
+    codegen = triton_codegen_env()
+    if codegen:  # e.g. DISABLE_MMA_V3=1: other machine code for the same kernels (ids without one unchanged)
+        ident["triton_codegen_env"] = codegen
     out = {
         "device": dev, "cpu": cpu_info(), "host": socket.gethostname(), "os": platform.platform(),
         "python": platform.python_version(), "versions": versions, "git": git_info(),
@@ -151,6 +166,8 @@ def fingerprint(device: str, weights: dict[str, Any] | None = None) -> dict[str,
     }
     if power:
         out["power"] = power
+    if codegen:
+        out["triton_codegen_env"] = codegen
     if weights:
         from spark_bench.weights import describe
 

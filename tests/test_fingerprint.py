@@ -73,3 +73,18 @@ def test_a_cpu_with_fewer_usable_cores_is_another_fingerprint(monkeypatch):
     assert two["fingerprint_id"] != sixteen["fingerprint_id"]
     assert stack_difference(two, sixteen) == "device.cores 2 -> 16"
     assert fingerprint("cpu")["fingerprint_id"] == sixteen["fingerprint_id"]
+
+
+def test_triton_codegen_environment_is_another_fingerprint(gpu, monkeypatch):
+    """DISABLE_MMA_V3=1 (the GPU check sets it after a fault with Hopper's wgmma) compiles other machine code for
+    the same kernels: runs with and without it are not compared as one environment, and the difference is named."""
+    monkeypatch.delenv("DISABLE_MMA_V3", raising=False)
+    plain = fingerprint("cuda:0")
+    assert "triton_codegen_env" not in plain
+    monkeypatch.setenv("DISABLE_MMA_V3", "1")
+    no_wgmma = fingerprint("cuda:0")
+    assert no_wgmma["triton_codegen_env"] == {"DISABLE_MMA_V3": "true"}
+    assert no_wgmma["fingerprint_id"] != plain["fingerprint_id"]
+    assert stack_difference(plain, no_wgmma) == "triton_codegen_env {} -> {'DISABLE_MMA_V3': 'true'}"
+    monkeypatch.delenv("DISABLE_MMA_V3")
+    assert fingerprint("cuda:0")["fingerprint_id"] == plain["fingerprint_id"]

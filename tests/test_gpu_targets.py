@@ -142,6 +142,42 @@ def test_the_fault_locator_reports_the_failing_call_and_its_frames(tmp_path, fau
     (found,) = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
     assert found["faulted"] is True and found["error"] == "ValueError: deliberate failure in the backend"
     assert any(frame.startswith("fault_plugin.py:") for frame in found["frames"]), found
+    assert found["without_wgmma"] == "faulted: ValueError: deliberate failure in the backend"  # not wgmma's fault
+    assert locate_faults.main(["--any", str(run)]) == 0 and locate_faults.main(["--any", str(tmp_path)]) == 1
+
+
+def test_a_fault_is_run_again_without_wgmma(tmp_path, monkeypatch):
+    """Triton >= 3.6 faults on sm_90 in some multi-dot kernels with Hopper's wgmma: each faulting case runs once as
+    the sweep compiled it (DISABLE_MMA_V3 unset, whatever the caller's environment) and once with DISABLE_MMA_V3=1,
+    and the row says whether the fault went away."""
+    import json
+    import subprocess
+    from types import SimpleNamespace
+
+    import locate_faults
+
+    envs = []
+
+    def fake_run(cmd, env, timeout, capture_output, text):
+        envs.append(env)
+        case = json.loads(cmd[-1])
+        faulted = "DISABLE_MMA_V3" not in env  # a wgmma-only fault
+        out = {**case, "faulted": faulted, **({"error": "AcceleratorError: illegal memory access"} if faulted else {})}
+        return SimpleNamespace(stdout=json.dumps(out) + "\n", stderr="", returncode=0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(locate_faults, "sanitizer", lambda: None)
+    monkeypatch.setenv("DISABLE_MMA_V3", "1")  # as the GPU check exports it after step 1's fault
+    run = tmp_path / "run"
+    run.mkdir()
+    row = {"op": "kda.chunk_prefill", "backend": "triton", "dtype": "bf16", "status": "crash", "params": {"heads": 2},
+           "error": "worker died", "worker_log_tail": "CUDA error: an illegal memory access was encountered"}
+    (run / "results.jsonl").write_text(json.dumps(row) + "\n")
+    assert locate_faults.main([str(tmp_path / "faults.jsonl"), str(run), "--budget", "60"]) == 0
+    (found,) = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
+    assert found["faulted"] is True and found["without_wgmma"] == "ran"
+    assert [e.get("DISABLE_MMA_V3") for e in envs] == [None, "1"]
+    assert all(e["CUDA_LAUNCH_BLOCKING"] == "1" for e in envs)
 
 
 def test_the_first_fault_is_also_run_under_compute_sanitizer(tmp_path, fault_env, monkeypatch):

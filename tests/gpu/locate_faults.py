@@ -7,8 +7,14 @@ traceback ends at the launch that faulted (a wrapper in kernels/). The frames un
 error are printed and written as JSON lines. Then, for the first faulting case only and when compute-sanitizer is
 installed and 45 s of the budget are left, the same call under `compute-sanitizer --tool memcheck`: its first report
 names the kernel, the thread and block, the access and the address (`sanitizer` in the row). Next step, without a
-GPU: `spark-bench memcheck` on that kernel at that shape. Usage: python tests/gpu/locate_faults.py OUT.jsonl
-RUN_DIR... [--budget S]
+GPU: `spark-bench memcheck` on that kernel at that shape.
+
+Each faulting case also runs once more with DISABLE_MMA_V3=1 (Triton compiles its dots without Hopper's wgmma), and
+the row says whether it faulted then too (`without_wgmma`): Triton 3.6 and later fault on sm_90 in kernels with
+several dots on 32-wide tiles at 4 warps (triton-lang/triton #10486, #10573, #11366; clean on 3.5.1), which is what
+`_chunk_intra`, `_chunk_state` and the grouped MoE GEMMs have. The first runs leave DISABLE_MMA_V3 unset whatever
+the caller's environment. Usage: python tests/gpu/locate_faults.py OUT.jsonl RUN_DIR... [--budget S];
+`--any RUN_DIR...` only exits 0 when some case there died of a CUDA fault (1 otherwise).
 """
 
 from __future__ import annotations
@@ -90,10 +96,26 @@ def sanitized(case: dict, tool: str, timeout: float) -> str:
     return "\n".join(lines[:12]) or f"no report (exit {proc.returncode})"
 
 
+def rerun(case: dict, timeout: float, wgmma: bool = True) -> dict:
+    """The case in a fresh process with CUDA_LAUNCH_BLOCKING=1 (wgmma=False: DISABLE_MMA_V3=1); its row."""
+    env = {k: v for k, v in os.environ.items() if k != "DISABLE_MMA_V3"}
+    env.update({"CUDA_LAUNCH_BLOCKING": "1", **({} if wgmma else {"DISABLE_MMA_V3": "1"})})
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(case)], env=env, timeout=timeout,
+                              capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        return {**case, "error": f"no result within {timeout:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1]) if lines else {**case, "error": f"exit {proc.returncode}",
+                                                "stderr": proc.stderr[-1500:]}
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--one"]:
         run_one(json.loads(argv[1]))
         return 0
+    if argv[:1] == ["--any"]:
+        return 0 if faulting_cases([Path(a) for a in argv[1:]]) else 1
     budget = 60.0
     if "--budget" in argv:
         i = argv.index("--budget")
@@ -108,17 +130,15 @@ def main(argv: list[str]) -> int:
             if left < 5:
                 print(f"faults: no time left for {case['op']} {case['backend']}", flush=True)
                 continue
-            env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
-            try:
-                proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(case)], env=env, timeout=left,
-                                      capture_output=True, text=True)
-                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-                row = json.loads(lines[-1]) if lines else {**case, "error": f"exit {proc.returncode}",
-                                                           "stderr": proc.stderr[-1500:]}
-            except subprocess.TimeoutExpired:
-                row = {**case, "error": f"no result within {left:.0f} s"}
+            row = rerun(case, left)
             print(f"faults: {row['op']} {row['backend']} {row['params']}: {row.get('error', 'no fault')} "
                   f"at {' <- '.join(reversed(row.get('frames') or [])) or '?'}", flush=True)
+            left = end - time.monotonic()
+            if row.get("faulted") and left >= 5:
+                other = rerun(case, left, wgmma=False)
+                row["without_wgmma"] = ("faulted: " + other.get("error", "?")) if other.get("faulted") else (
+                    "ran" if other.get("faulted") is False else other.get("error", "?"))
+                print(f"faults: the same without wgmma (DISABLE_MMA_V3=1): {row['without_wgmma']}", flush=True)
             left, tool = end - time.monotonic(), sanitizer()
             if row.get("faulted") and tool and left >= SANITIZER_MIN_S and not sanitized_one:
                 sanitized_one = True
