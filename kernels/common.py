@@ -39,12 +39,13 @@ def row_block(n_cols: int, budget: int = 4096) -> int:
 def softplus(x):
     """log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)); equals x beyond 20 like torch's threshold.
 
-    log1p(t) is log(u) * t / (u - 1) with u = 1 + t rounded (t itself where u rounds to 1): exact to a few ulps for
-    every t. log(1 + t) alone lost the digits of t below 1 ulp of 1, so softplus(-9) was off by 3e-4 relative and
-    softplus(x < -16.6) was 0 (kda.gate's check failed from dt_bias ~ -6; a real checkpoint's gate gets there)."""
+    log1p(t), t = exp(-|x|) in (0, 1]: log(1 + t) where t >= 1/32 (relative error <= 2^-19), else its series to t^5
+    (truncation below fp32's rounding). log(1 + t) alone lost the digits of t below 1 ulp of 1: softplus(-9) was off
+    by 3e-4 relative and softplus(x < -16.6) was 0 (kda.gate's check failed from dt_bias ~ -6; a real checkpoint's
+    gate gets there). The series, not Goldberg's log(u) t / (u - 1): the division made `_recurrent_decode` spill."""
     t = tl.exp(-tl.abs(x))
-    u = 1.0 + t
-    log1p = tl.where(u == 1.0, t, tl.log(u) * (t / (u - 1.0)))
+    series = t * (1.0 + t * (-0.5 + t * (1.0 / 3.0 + t * (-0.25 + t * 0.2))))
+    log1p = tl.where(t < 0.03125, series, tl.log(1.0 + t))
     return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + log1p)
 
 
@@ -73,6 +74,10 @@ def tickets(owner: str, device, n: int) -> torch.Tensor:
     key = (owner, str(device))
     buf = _TICKETS.get(key)
     if buf is None or buf.numel() < n:
+        if str(device).startswith("cuda") and torch.cuda.is_current_stream_capturing():
+            # a capture only records the zero fill: calls outside the graph would elect on garbage tickets
+            raise RuntimeError(f"{owner}: its ticket buffer is first allocated inside a CUDA graph capture; "
+                               "call it once outside the capture first (a warm-up)")
         buf = _TICKETS[key] = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
     return buf
 

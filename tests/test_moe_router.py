@@ -200,3 +200,14 @@ def test_router_appends_the_shared_expert_slot(path):
     assert ids_s.shape == (13, 4) and w_s.shape == (13, 4)
     assert torch.equal(ids_s[:, :3], ids) and torch.equal(w_s[:, :3], w)
     assert (ids_s[:, 3] == 20).all() and (w_s[:, 3] == 1.0).all()
+
+
+def test_tickets_are_not_first_allocated_inside_a_graph_capture(monkeypatch):
+    """A capture only records the buffer's zero fill: eager calls after it would elect on garbage tickets."""
+    import spark_bench.kernels.common as common
+
+    monkeypatch.setattr(common, "_TICKETS", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="first allocated inside a CUDA graph capture"):
+        common.tickets("moe.router", "cuda:0", 8)
+    assert common.tickets("moe.router", "cpu", 8).eq(0).all()  # no capture on a CPU

@@ -156,6 +156,11 @@ def _short_conv_decode(x, pool, slots, weight, y, D, W: tl.constexpr, BD: tl.con
     take = (o_c[:, None] + 1) == o_c[None, :]  # [c, j]: column j moves to c
     shifted = tl.sum(tl.where(take[None, :, :], cols.to(tl.float32)[:, None, :], 0.0), axis=2)
     new = tl.where((o_c == W - 2)[None, :], xv.to(tl.float32)[:, None], shifted)
+    # the store's thread mapping differs from the load's (sm_90a TTGIR: [1, 4] per thread over 32 x 1 threads for
+    # the load, [1, 1] over 8 x 4 for the store), so another warp may overwrite a column before its loader read it;
+    # today the layout conversion between them happens to pass through shared memory behind a barrier: this one
+    # does not depend on that
+    tl.debug_barrier()
     tl.store(p_state, new.to(pool.dtype.element_ty), mask=m_s)
 
 
