@@ -27,7 +27,7 @@ import triton.language as tl
 from spark_bench.kernels.common import widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_diag import diag_block
-from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_output_dtype
+from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, tf32, to_output_dtype
 from spark_bench.kernels.kda.chunk_solve import apply_inverse, fold_query, invert, load_beta, unit_lower_inverse
 
 from spark_bench import triton_env
@@ -170,11 +170,11 @@ def _one_chunk(q, k, v, g, beta, A_log, dt_bias, start, end, i_c, i_h, gl, lslot
                 p_kj = k + rows_j[:, None] * sk + i_h * K + o_k[None, :]
                 k_j = l2_normalize_rows(tl.load(p_kj, mask=m_k[None, :], other=0.0).to(tl.float32), L2NORM)
                 g_j = tl.load(gl + rows_j[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-                k_hat = tl.trans(k_j * tl.exp(tl.where(m_k[None, :], g_r[None, :] - g_j, 0.0)))
-                a_qk = tl.dot(q_r, k_hat, input_precision=PREC)
+                k_hat = tf32(tl.trans(k_j * tl.exp(tl.where(m_k[None, :], g_r[None, :] - g_j, 0.0))), PREC, INTERPRET)
+                a_qk = tl.dot(tf32(q_r, PREC, INTERPRET), k_hat, input_precision=PREC)
                 tl.store(aqk + offs_a + j_b * BC + o_c[None, :], to_output_dtype(a_qk, aqk, INTERPRET),
                          mask=m_r[:, None])
-                a_kk = tl.dot(k_r, k_hat, input_precision=PREC) * b_beta[:, None]
+                a_kk = tl.dot(tf32(k_r, PREC, INTERPRET), k_hat, input_precision=PREC) * b_beta[:, None]
                 tl.store(lslot + offs_l + j_b * BC, a_kk)
             d_qk, d_kk = diag_block(q, k, gl, sq, sk, r, end, n_q, n_k, i_h, K, BC, BK, BKD)
             d_qk = tl.where(o_c[:, None] >= o_c[None, :], d_qk * scale, 0.0)
@@ -185,7 +185,7 @@ def _one_chunk(q, k, v, g, beta, A_log, dt_bias, start, end, i_c, i_h, gl, lslot
     tl.debug_barrier()  # invert and apply_inverse read what every thread stored in lslot and W
     # fp32 inputs: 3xTF32 tensor-core dots (near-IEEE) here, where IEEE [64, 64] operands on CUDA cores spill
     INV_PREC: tl.constexpr = "tf32x3" if PREC == "ieee" else PREC
-    ai = invert(lslot, start, end, BT, BC, INV_PREC)
+    ai = invert(lslot, start, end, BT, BC, INV_PREC, INTERPRET)
     apply_inverse(ai, v, beta, start, end, i_h, w, u, sv, H, K, V, BT, BK, BV, BETA_SIGMOID, INV_PREC, INTERPRET)
     tl.debug_barrier()  # fold_query reads the W every thread stored
     fold_query(w, qd, aqk, start, end, i_h, H, K, BT, BK, INV_PREC, INTERPRET)

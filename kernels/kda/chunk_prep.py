@@ -51,6 +51,17 @@ def dot_operand(x, DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
     return x
 
 
+@triton.jit
+def tf32(x, PREC: tl.constexpr, INTERPRET: tl.constexpr):
+    """An fp32 tl.dot operand at PREC "tf32": under the interpreter, whose dots are fp32 whatever input_precision
+    says, its mantissa is cut to tf32's 10 bits (truncated, as Hopper's wgmma reads fp32 operands from shared
+    memory), so the tests see the GPU's operand precision; unchanged on the GPU and at other precisions."""
+    if INTERPRET:
+        if PREC == "tf32":
+            x = (x.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return x
+
+
 def chunk_table(cu_seqlens: torch.Tensor, total: int, chunk: int):
     """(start, end, n, first) of every chunk of every sequence, computed on the device without a host sync: `n` =
     total // chunk + N is an upper bound of the chunk count; the spare entries have start == end (empty). A

@@ -15,7 +15,7 @@ cores spill).
 
 import triton
 import triton.language as tl
-from spark_bench.kernels.kda.chunk_prep import dot_operand, to_output_dtype
+from spark_bench.kernels.kda.chunk_prep import dot_operand, tf32, to_output_dtype
 
 
 @triton.jit
@@ -41,7 +41,7 @@ def load_beta(beta, rows, mask, H: tl.constexpr, i_h, BETA_SIGMOID: tl.constexpr
 
 
 @triton.jit
-def invert(lslot, start, end, BT: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr):
+def invert(lslot, start, end, BT: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr):
     """(I + L)^-1 [BT, BT] fp32, built in registers by block forward substitution over the row blocks i:
     X_i = D_i E_i - D_i (sum_{j < i} L_ij X_j), with lslot [BT, BT] holding L's strictly lower blocks L_ij and, in
     place of L_ii, D_i = (I + L_ii)^-1. The diagonal blocks stay exact fp32; the merges are tensor-core dots
@@ -56,9 +56,11 @@ def invert(lslot, start, end, BT: tl.constexpr, BC: tl.constexpr, PREC: tl.const
             rows = i_b * BC + o_c
             row = tl.load(lslot + rows[:, None] * BT + o_t[None, :], mask=(o_t < i_b * BC + BC)[None, :], other=0.0)
             d_i = tl.load(lslot + rows[:, None] * BT + i_b * BC + o_c[None, :])
-            merged = tl.dot(tl.where(o_t[None, :] < i_b * BC, row, 0.0), tl.reshape(x, [BT, BT]),
+            merged = tl.dot(tf32(tl.where(o_t[None, :] < i_b * BC, row, 0.0), PREC, INTERPRET),
+                            tf32(tl.reshape(x, [BT, BT]), PREC, INTERPRET),
                             input_precision=PREC)
-            x_i = tl.where(o_t[None, :] >= i_b * BC, row, 0.0) - tl.dot(d_i, merged, input_precision=PREC)
+            x_i = tl.where(o_t[None, :] >= i_b * BC, row, 0.0) - tl.dot(
+                tf32(d_i, PREC, INTERPRET), tf32(merged, PREC, INTERPRET), input_precision=PREC)
             x = tl.where((o_b == i_b)[:, None, None], x_i[None, :, :], x)
     return tl.reshape(x, [BT, BT])
 
@@ -71,19 +73,21 @@ def apply_inverse(ai, v, beta, start, end, i_h, w, u, sv, H: tl.constexpr, K: tl
     of 32, ai = (I + L)^-1 [BT, BT] fp32."""
     rows = start + tl.arange(0, BT)
     m_t = rows < end
+    ai = tf32(ai, PREC, INTERPRET)
     b_beta = load_beta(beta, rows, m_t, H, i_h, BETA_SIGMOID)  # reloaded, not kept live across the loop
     for k0 in range(0, BK, 32):
         o_k = k0 + tl.arange(0, 32)
         mask = m_t[:, None] & (o_k < K)[None, :]
         p_w = w + (rows[:, None] * H + i_h) * K + o_k[None, :]
-        b_w = tl.dot(ai, tl.load(p_w, mask=mask, other=0.0).to(tl.float32), input_precision=PREC)
+        b_w = tl.dot(ai, tf32(tl.load(p_w, mask=mask, other=0.0).to(tl.float32), PREC, INTERPRET),
+                     input_precision=PREC)
         tl.debug_barrier()  # every thread has read this slice's right-hand sides before any overwrites them
         tl.store(p_w, to_output_dtype(b_w, w, INTERPRET), mask=mask)
     for v0 in range(0, BV, 32):
         o_v = v0 + tl.arange(0, 32)
         mask = m_t[:, None] & (o_v < V)[None, :]
         b_v = tl.load(v + rows[:, None] * sv + i_h * V + o_v[None, :], mask=mask, other=0.0).to(tl.float32)
-        b_u = tl.dot(ai, b_v * b_beta[:, None], input_precision=PREC)
+        b_u = tl.dot(ai, tf32(b_v * b_beta[:, None], PREC, INTERPRET), input_precision=PREC)
         tl.store(u + (rows[:, None] * H + i_h) * V + o_v[None, :], to_output_dtype(b_u, u, INTERPRET), mask=mask)
 
 
