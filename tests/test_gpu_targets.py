@@ -192,7 +192,9 @@ def test_the_first_fault_is_also_run_under_compute_sanitizer(tmp_path, fault_env
         monkeypatch.setenv(key, fault_env[key])
     tool = tmp_path / "compute-sanitizer"
     tool.write_text("#!/bin/sh\necho '========= COMPUTE-SANITIZER'\n"
-                    "echo '========= Invalid __global__ read of size 2 bytes'\necho 'not a report line'\nexit 1\n")
+                    "echo '========= Invalid __global__ read of size 2 bytes'\necho 'not a report line'\n"
+                    "echo \"========= DISABLE_MMA_V3=${DISABLE_MMA_V3:-unset}\"\nexit 1\n")
+    monkeypatch.setenv("DISABLE_MMA_V3", "1")  # exported by the GPU check after step 1's fault
     tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setattr(locate_faults, "sanitizer", lambda: str(tool))
     run = tmp_path / "run"
@@ -204,5 +206,6 @@ def test_the_first_fault_is_also_run_under_compute_sanitizer(tmp_path, fault_env
     locate_faults.main([str(tmp_path / "faults.jsonl"), str(run), "--budget", "200"])
     found = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
     assert found[0]["sanitizer"] == ("========= COMPUTE-SANITIZER\n"
-                                     "========= Invalid __global__ read of size 2 bytes")
+                                     "========= Invalid __global__ read of size 2 bytes\n"
+                                     "========= DISABLE_MMA_V3=unset")  # compiled as the faulting run was
     assert found[1]["faulted"] is False and "sanitizer" not in found[1]  # the nan backend runs: no fault to sanitize
