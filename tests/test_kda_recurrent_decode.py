@@ -98,3 +98,26 @@ def test_cost_model():
     assert op.cost(p, "bf16").flops == pytest.approx(7 * N * H * d * d)
     assert op.cost(p, "bf16").bytes == pytest.approx(2 * N * H * d * d * 4 + N * H * (3 * 2 * d + 4 * d + 2 * d + 2)
                                                      + 4 * N)
+
+
+def test_grid_takes_v_tiles_fastest_unless_the_sequences_exceed_grid_dimension_2(monkeypatch):
+    """A state matrix's V tiles run in consecutive programs (grid (V/BV, H, N)); past CUDA's 65535 cap on grid
+    dimension 2 the old order (N, H, V/BV) is taken; both give the reference's outputs and pool."""
+    from spark_bench.kernels.kda import recurrent_decode as kernel
+
+    grids, real = [], kernel._recurrent_decode
+
+    class Recorder:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(kernel, "_recurrent_decode", Recorder())
+    monkeypatch.setattr(kernel, "widen", lambda: False)  # the declared BV = 32: 2 V tiles of V = 48
+    inputs = make(2, N=3, H=2, K=32, V=48, seed=3)
+    ref = run(BACKENDS["reference"], inputs)
+    for cap in (kernel.MAX_GRID_Z, 2):
+        monkeypatch.setattr(kernel, "MAX_GRID_Z", cap)
+        for got, want in zip(run(BACKENDS["triton"], inputs), ref, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert grids == [(2, 2, 3), (3, 2, 2)]

@@ -1,7 +1,7 @@
 """One decode step of a KDA block between its projections, in two launches (the unfused path takes three: the conv
 update, the recurrent core, the gated norm).
 
-  1. `_conv_recurrent_decode`, grid (N, H, V/BV): for sequence n and head h, the causal conv of the head's q, k
+  1. `_conv_recurrent_decode`, grid (V/BV, H, N): for sequence n and head h, the causal conv of the head's q, k
      (all K channels) and v (BV channels) from the conv state pool and the new token, SiLU, the q/k L2 norm, the gate
      -exp(A_log) softplus(g + dt_bias), the beta sigmoid, and the delta-rule step on the state tile [K, BV] (fp32, in
      registers, read and written once). The conv output never goes to memory.
@@ -24,15 +24,16 @@ import triton.language as tl
 from spark_bench.kernels.common import INTERPRET, next_pow2, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_output_dtype
-from spark_bench.kernels.kda.recurrent_decode import delta_step, state_tile
+from spark_bench.kernels.kda.recurrent_decode import decode_grid, delta_step, state_tile
 
 # As recurrent_decode.py: BV = 32 at 4 warps ([128, 32] fp32 state tile, 32 registers a thread); N <= 2: BV = 16 for
 # twice the programs. The conv windows add [K, W] x 2 + [BV, W] loads per program.
 CORE_CONFIGS = declare(ConfigSpace(
     "kda.block_decode._conv_recurrent_decode", key=("N", "K", "V", "dtype"),
-    default={"BV": 32, "num_warps": 4},
-    buckets=[({"N": 2}, {"BV": 16, "num_warps": 4})],
-    candidates=[{"BV": 64, "num_warps": 8}, {"BV": 16, "num_warps": 2}]))
+    default={"BV": 32, "V_FASTEST": 1, "num_warps": 4},
+    buckets=[({"N": 2}, {"BV": 16, "V_FASTEST": 1, "num_warps": 4})],
+    candidates=[{"BV": 64, "V_FASTEST": 1, "num_warps": 8}, {"BV": 16, "V_FASTEST": 1, "num_warps": 2},
+                {"BV": 32, "V_FASTEST": 0, "num_warps": 4}]))  # the grid order until 2026-12-05
 NORM_CONFIGS = declare(ConfigSpace(
     "kda.block_decode._gated_norm_conv_shift", key=("V", "K", "dtype"),
     default={"num_warps": 2},
@@ -56,8 +57,8 @@ def _conv_channels(x, pool, weight, slot, i_n, ch, m_ch, D, W: tl.constexpr, BW:
 @triton.jit
 def _conv_recurrent_decode(qkv, conv_pool, conv_w, g, beta, A_log, dt_bias, o, state_pool, slots, scale, D,
                            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr, BK: tl.constexpr,
-                           BV: tl.constexpr, BW: tl.constexpr, INTERPRET: tl.constexpr):
-    i_n, i_h, slot, o_k, o_v, m_k, m_v, offs_s, mask_s = state_tile(slots, H, K, V, BK, BV)
+                           BV: tl.constexpr, BW: tl.constexpr, INTERPRET: tl.constexpr, V_FASTEST: tl.constexpr):
+    i_n, i_h, slot, o_k, o_v, m_k, m_v, offs_s, mask_s = state_tile(slots, H, K, V, BK, BV, V_FASTEST)
     b_q = _conv_channels(qkv, conv_pool, conv_w, slot, i_n, i_h * K + o_k, m_k, D, W, BW)
     b_k = _conv_channels(qkv, conv_pool, conv_w, slot, i_n, (H + i_h) * K + o_k, m_k, D, W, BW)
     b_v = _conv_channels(qkv, conv_pool, conv_w, slot, i_n, 2 * H * K + i_h * V + o_v, m_v, D, W, BW)
@@ -120,7 +121,7 @@ def conv_recurrent_decode(qkv, conv_weight, conv_state_pool, g, beta, A_log, dt_
     meta, options = split(CORE_CONFIGS.pick(N=N, K=K, V=V, dtype=str(qkv.dtype)))
     full_v = next_pow2(max(V, 16))
     meta["BV"] = full_v if widen() else min(meta["BV"], full_v)
-    _conv_recurrent_decode[(N, H, triton.cdiv(V, meta["BV"]))](
+    _conv_recurrent_decode[decode_grid(N, H, triton.cdiv(V, meta["BV"]), meta)](
         qkv.contiguous(), conv_state_pool, conv_weight.contiguous(), g.contiguous(), beta.contiguous(),
         A_log.reshape(-1).contiguous(), dt_bias.reshape(-1).contiguous(), o, state_pool, slots.contiguous(),
         K ** -0.5 if scale is None else float(scale), D, H=H, K=K, V=V, W=W, BK=next_pow2(max(K, 16)),

@@ -1,5 +1,8 @@
-"""KDA chunk stage 2 (sequential over chunks): one program per (sequence, head, BV columns of V) carries the fp32
-state S [K, BV] through the sequence's chunks. Per chunk c it stores the state it starts from, then steps:
+"""KDA chunk stage 2 (sequential over chunks): one program per (BV columns of V, head, sequence), V tiles fastest
+so that the programs of one (sequence, head), which all read its W and Kd, run together and share them in L2 (with
+sequences fastest, as before 2026-12-05, they were N x H programs apart: at many sequences, each re-read W and Kd
+from DRAM), carries the fp32 state S [K, BV] through the sequence's chunks. Per chunk c it stores the state it
+starts from, then steps:
 
     h[c] = S;   U' = U - W S   (registers only);   S = exp(G_last)[:, None] * S + Kd^T U'
 
@@ -111,9 +114,9 @@ def _chunk_state(w, u, kd, glast, cu_seqlens, chunk_first, h0, h, ht,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BKT: tl.constexpr,
                  BV: tl.constexpr, PREFETCH: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
                  PREC: tl.constexpr, DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
-    i_n = tl.program_id(0).to(tl.int64)
+    i_v = tl.program_id(0)  # V tiles fastest: a (sequence, head)'s programs run together and share W, Kd in L2
     i_h = tl.program_id(1)
-    i_v = tl.program_id(2)
+    i_n = tl.program_id(2).to(tl.int64)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     first = tl.load(chunk_first + i_n).to(tl.int64)
@@ -182,7 +185,9 @@ def chunk_state(w, u, kd, glast, cu_seqlens, chunk_first, n_chunks, *, BT, initi
     if prec == "ieee" and not interpret:
         prec = "tf32x3"
     h0 = initial_state.contiguous() if initial_state is not None else h
-    _chunk_state[(N, H, triton.cdiv(V, meta["BV"]))](
+    if N > 65535:  # grid dimension 2's cap
+        raise ValueError(f"{N} sequences in one chunked prefill: at most 65535")
+    _chunk_state[(triton.cdiv(V, meta["BV"]), H, N)](
         w, u, kd, glast, cu_seqlens, chunk_first, h0, h, ht if ht is not None else h,
         H=H, K=K, V=V, BT=BT, BKT=max(16, triton.next_power_of_2(K) // 2),
         HAS_H0=initial_state is not None, STORE_HT=output_final_state, PREC=prec, DOT_BF16=w.dtype == torch.bfloat16,

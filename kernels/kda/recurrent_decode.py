@@ -16,24 +16,43 @@ from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_output_dtype
 
 # BV columns of the [K, V] state per program (K whole: BK = next_pow2(K)). BV = 32 at 4 warps: the [128, 32] fp32
-# tile is 32 registers per thread, 80-126 in all, no spills, 4-6 CTAs/SM; grid N x H x V/BV (128 CTAs at N = 1,
+# tile is 32 registers per thread, 80-126 in all, no spills, 4-6 CTAs/SM; N x H x V/BV programs (128 CTAs at N = 1,
 # H = 32). N <= 2: BV = 16 doubles the programs (256 at N = 1), at 4 warps (53-72 registers, 7-10 CTAs/SM): at 2
 # warps the fp32 path spills 8 B under triton 3.6 (the GPU machine's), though not under 3.9.
+# V_FASTEST: the grid is (V/BV, H, N), so a state matrix's V/BV column tiles run in consecutive programs and the
+# programs in flight read and write whole stretches of the pool; with (N, H, V/BV), as before 2026-12-05, a program's
+# 128-byte row pieces 512 B apart met their siblings' N x H programs later (a model, not measured; the old order is
+# a candidate for `spark-bench tune`). Past 65535 sequences (grid dimension 2's cap) the wrapper takes the old order.
 CONFIGS = declare(ConfigSpace(
     "kda.recurrent_decode._recurrent_decode", key=("N", "K", "V", "dtype"),
-    default={"BV": 32, "num_warps": 4},
-    buckets=[({"N": 2}, {"BV": 16, "num_warps": 4})],
-    candidates=[{"BV": 32, "num_warps": 2}, {"BV": 64, "num_warps": 8}]))
+    default={"BV": 32, "V_FASTEST": 1, "num_warps": 4},
+    buckets=[({"N": 2}, {"BV": 16, "V_FASTEST": 1, "num_warps": 4})],
+    candidates=[{"BV": 32, "V_FASTEST": 1, "num_warps": 2}, {"BV": 64, "V_FASTEST": 1, "num_warps": 8},
+                {"BV": 32, "V_FASTEST": 0, "num_warps": 4}]))
+MAX_GRID_Z = 65535
+
+
+def decode_grid(N: int, H: int, v_blocks: int, meta: dict) -> tuple[int, int, int]:
+    """The grid of a kernel over state tiles (state_tile), V tiles fastest when meta["V_FASTEST"] and N fits grid
+    dimension 2 (meta["V_FASTEST"] is set to the order taken)."""
+    meta["V_FASTEST"] = int(bool(meta["V_FASTEST"]) and N <= MAX_GRID_Z)
+    return (v_blocks, H, N) if meta["V_FASTEST"] else (N, H, v_blocks)
 
 
 @triton.jit
-def state_tile(slots, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """The [K, BV] state tile of a program of grid (N, H, V/BV): (sequence, head, its pool slot, K and V offsets
-    and masks, the tile's offsets in a [S, H, K, V] pool and its mask)."""
-    i_n = tl.program_id(0).to(tl.int64)
+def state_tile(slots, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               V_FASTEST: tl.constexpr):
+    """The [K, BV] state tile of a program of grid (V/BV, H, N) when V_FASTEST, else (N, H, V/BV): (sequence,
+    head, its pool slot, K and V offsets and masks, the tile's offsets in a [S, H, K, V] pool and its mask)."""
+    if V_FASTEST:
+        i_v = tl.program_id(0)
+        i_n = tl.program_id(2).to(tl.int64)
+    else:
+        i_v = tl.program_id(2)
+        i_n = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
     o_k = tl.arange(0, BK)
-    o_v = tl.program_id(2) * BV + tl.arange(0, BV)
+    o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
     slot = tl.load(slots + i_n).to(tl.int64)
@@ -56,8 +75,8 @@ def _recurrent_decode(q, k, v, g, beta, A_log, dt_bias, o, pool, slots, scale, s
                       T: tl.constexpr,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       L2NORM: tl.constexpr, GATE: tl.constexpr, BETA_SIGMOID: tl.constexpr,
-                      INTERPRET: tl.constexpr):
-    i_n, i_h, slot, o_k, o_v, m_k, m_v, offs_s, mask_s = state_tile(slots, H, K, V, BK, BV)
+                      INTERPRET: tl.constexpr, V_FASTEST: tl.constexpr):
+    i_n, i_h, slot, o_k, o_v, m_k, m_v, offs_s, mask_s = state_tile(slots, H, K, V, BK, BV, V_FASTEST)
     S = tl.load(pool + offs_s, mask=mask_s, other=0.0)
     for t in tl.static_range(T):
         row = (i_n * T + t) * H + i_h  # of the contiguous g, beta and o
@@ -93,7 +112,7 @@ def kda_recurrent_decode(q, k, v, g, beta, initial_state, ssm_state_indices, sca
     full_v = max(16, triton.next_power_of_2(V))
     meta, options = split(CONFIGS.pick(N=N, K=K, V=V, dtype=str(v.dtype)))
     meta["BV"] = full_v if widen() else min(meta["BV"], full_v)
-    _recurrent_decode[(N, H, triton.cdiv(V, meta["BV"]))](
+    _recurrent_decode[decode_grid(N, H, triton.cdiv(V, meta["BV"]), meta)](
         q, k, v, g, beta,
         A_log.reshape(-1).contiguous() if use_gate_in_kernel else g,
         dt_bias.reshape(-1).contiguous() if use_gate_in_kernel else g,
