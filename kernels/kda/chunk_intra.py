@@ -80,7 +80,7 @@ def _chunk_intra(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, n_chu
                  BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BKD: tl.constexpr, GATE: tl.constexpr,
                  L2NORM: tl.constexpr, BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr,
                  PERSISTENT: tl.constexpr):
-    """PERSISTENT: program p takes the (chunk, head) items p, p + P, ... (item = head * n_chunks + chunk) and keeps
+    """PERSISTENT: program p takes the (chunk, head) items p, p + P, ... (item = chunk * H + head) and keeps
     each one's G and L in its own slot of slots [P, BT * (K + BT)] fp32 (G [BT, K], then L [BT, BT]), rewritten in
     place per item, so on paper they stay in L2 (13.0 MB at P = 264, K = 128 on an H200) instead of costing 512 B
     of DRAM writes per token and head for G. Otherwise one program (and slot) per item. Only G's last row per chunk
@@ -101,10 +101,11 @@ def _item(q, k, v, g, beta, A_log, dt_bias, chunk_start, chunk_end, n_chunks, it
           scale, sq, sk, sv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
           BK: tl.constexpr, BV: tl.constexpr, BKD: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr,
           BETA_SIGMOID: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr):
-    """Work item `item` (head item // n_chunks, chunk item % n_chunks) with G and L in `slot`; spare chunks are
-    empty."""
-    i_c = item % n_chunks
-    i_h = item // n_chunks
+    """Work item `item` (chunk item // H, head item % H) with G and L in `slot`; spare chunks are empty. Heads
+    fastest: the items in flight read and write whole token rows of q, k, v, g and W, U, Q', Kd ([T, H, *]); with
+    chunks fastest, as before 2026-12-05, they took one head's 256-byte piece of each 8 KB row (H = 32, K = 128)."""
+    i_c = item // H
+    i_h = item % H
     start = tl.load(chunk_start + i_c).to(tl.int64)
     end = tl.load(chunk_end + i_c).to(tl.int64)
     if start < end:

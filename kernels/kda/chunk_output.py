@@ -4,10 +4,11 @@
 
 which is Qd h[c] + Tril(A_qk) (U - W h[c]) regrouped (chunk_prefill.py),
 
-one program per (BV columns of V, chunk, head), so the grid has V/BV x chunks x H programs however few sequences
-and heads there are (the serial stage has N x H x V/BV). The K reduction runs in slices of BK loaded from memory.
-For 16-bit inputs Q', h, U and A_qk are bf16 and the dots take them as bf16 operands (fp32 accumulation); fp32
-inputs keep fp32 operands (tf32x3).
+one program per (BV columns of V, head, chunk), so the grid has V/BV x H x chunks programs however few sequences
+and heads there are (the serial stage has N x H x V/BV). Heads before chunks (since 2026-12-05; chunks before
+heads took one head's 256-byte piece of each 8 KB token row of Q', U and o at H = 32, K = 128). The K reduction
+runs in slices of BK loaded from memory. For 16-bit inputs Q', h, U and A_qk are bf16 and the dots take them as
+bf16 operands (fp32 accumulation); fp32 inputs keep fp32 operands (tf32x3).
 """
 
 import torch
@@ -33,8 +34,8 @@ def _chunk_output(q_out, h, u, aqk, chunk_start, chunk_end, o, H: tl.constexpr, 
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                   DOT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
     i_v = tl.program_id(0)
-    i_c = tl.program_id(1).to(tl.int64)
-    i_h = tl.program_id(2)
+    i_h = tl.program_id(1)  # heads before chunks: the programs in flight read whole token rows of Q', U, A_qk, h
+    i_c = tl.program_id(2).to(tl.int64)
     start = tl.load(chunk_start + i_c).to(tl.int64)
     end = tl.load(chunk_end + i_c).to(tl.int64)
     if start >= end:
@@ -75,7 +76,7 @@ def chunk_output(q_out, h, u, aqk, chunk_start, chunk_end, n_chunks, *, out_dtyp
     meta["BK"], meta["BV"] = min(meta["BK"], full_k), min(meta["BV"], full_v)
     if prec == "ieee" and not interpret:
         prec = "tf32x3"
-    _chunk_output[(triton.cdiv(V, meta["BV"]), n_chunks, H)](
+    _chunk_output[(triton.cdiv(V, meta["BV"]), H, n_chunks)](
         q_out, h, u, aqk, chunk_start, chunk_end, o, H=H, K=K, V=V, BT=BT, PREC=prec,
         DOT_BF16=q_out.dtype == torch.bfloat16, INTERPRET=interpret,
         **meta, **options)

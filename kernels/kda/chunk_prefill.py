@@ -3,7 +3,7 @@
   1. chunk_intra.py  G = chunk-local cumsum of the decay (gate fused), A_qk, the UT transform W, U, the decayed
                      Kd and Q' = Qd - Tril(A_qk) W (L2 norm, beta sigmoid fused)    grid PROGRAMS_PER_SM x SMs
   2. chunk_state.py  the sequential pass over chunks: per-chunk states h and the final state  grid (V/BV, H, N)
-  3. chunk_output.py O = Q' h + Tril(A_qk) U, chunk-parallel                                 grid (V/BV, chunks, H)
+  3. chunk_output.py O = Q' h + Tril(A_qk) U, chunk-parallel                                 grid (V/BV, H, chunks)
 
 O = Qd h + Tril(A_qk) (U - W h) is regrouped as (Qd - Tril(A_qk) W) h + Tril(A_qk) U, so the serial pass forms the
 corrected values U - W h only in registers and writes nothing but h (counted: 256 B less per token·head).
