@@ -2,7 +2,9 @@
 
 `fingerprint_id` hashes only what identifies the measuring hardware and software stack (device name, memory, SM count,
 driver, CUDA, torch, triton, and a GPU's enforced power limit where NVML reads it: a capped card is slower at the
-same clocks' worth of work), so runs are compared only with runs of the same fingerprint unless the user insists.
+same clocks' worth of work), and on a GPU Triton's code-generation switches where set (`triton_codegen_env`, e.g.
+DISABLE_MMA_V3=1: other machine code for the same kernels), so runs are compared only with runs of the same
+fingerprint unless the user insists. The roofline cache keys on the id without those switches.
 """
 
 from __future__ import annotations
@@ -131,17 +133,22 @@ def git_info() -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
-def triton_codegen_env() -> dict[str, str]:
-    """The environment variables set now that change what Triton compiles (its own list of cache-invalidating ones,
-    e.g. DISABLE_MMA_V3, which the GPU check sets when a kernel faulted with Hopper's wgmma); {} without Triton."""
-    try:
-        from triton._C.libtriton import get_cache_invalidating_env_vars
-    except Exception:  # noqa: BLE001 - no Triton, or one without the list
+# Triton's environment variables that change the machine code of the same kernels (its cache-invalidating list also
+# holds dump and timing switches, which do not); a false-like value ("0", "false", "off", "no", "") is no change
+CODEGEN_VARS = ("DISABLE_MMA_V3", "DISABLE_MMA_V5", "TRITON_F32_DEFAULT", "TRITON_DEFAULT_FP_FUSION",
+                "DISABLE_LLVM_OPT", "DISABLE_PTXAS_OPT", "ALLOW_LHS_TMEM_LAYOUT_CONVERSION")
+
+
+def triton_codegen_env(device: str = "cuda") -> dict[str, str]:
+    """The CODEGEN_VARS set now, e.g. DISABLE_MMA_V3=1, which the GPU check sets when a kernel faulted with Hopper's
+    wgmma; {} on a CPU (the interpreter compiles nothing)."""
+    if not str(device).startswith("cuda"):
         return {}
-    return {k: str(v) for k, v in sorted(get_cache_invalidating_env_vars().items()) if k != "TRITON_INTERPRET"}
+    return {k: os.environ[k] for k in CODEGEN_VARS
+            if os.environ.get(k, "").strip().lower() not in ("", "0", "false", "off", "no")}
 
 
-def fingerprint(device: str, weights: dict[str, Any] | None = None) -> dict[str, Any]:
+def fingerprint(device: str, weights: dict[str, Any] | None = None, codegen: bool = True) -> dict[str, Any]:
     """The run's environment; with a weight spec (--weights/--routing) also `weights`: the file(s), their sizes, the
     layer and a content hash of its tensors (spark_bench.weights.describe), so `compare` can tell runs apart."""
     dev = device_info(device)
@@ -155,7 +162,7 @@ def fingerprint(device: str, weights: dict[str, Any] | None = None) -> dict[str,
         ident["power_limit_w"] = power["limit_w"]
     if dev["type"] == "cpu":  # 2 cores or 16 of one CPU model time host code differently (GPU ids unchanged)
         ident["cores"] = dev["cores"]
-    codegen = triton_codegen_env()
+    codegen = triton_codegen_env(device) if codegen else {}  # codegen=False: the hardware's id (roofline peaks)
     if codegen:  # e.g. DISABLE_MMA_V3=1: other machine code for the same kernels (ids without one unchanged)
         ident["triton_codegen_env"] = codegen
     out = {

@@ -83,8 +83,17 @@ def test_triton_codegen_environment_is_another_fingerprint(gpu, monkeypatch):
     assert "triton_codegen_env" not in plain
     monkeypatch.setenv("DISABLE_MMA_V3", "1")
     no_wgmma = fingerprint("cuda:0")
-    assert no_wgmma["triton_codegen_env"] == {"DISABLE_MMA_V3": "true"}
+    assert no_wgmma["triton_codegen_env"] == {"DISABLE_MMA_V3": "1"}
     assert no_wgmma["fingerprint_id"] != plain["fingerprint_id"]
-    assert stack_difference(plain, no_wgmma) == "triton_codegen_env {} -> {'DISABLE_MMA_V3': 'true'}"
+    assert stack_difference(plain, no_wgmma) == "triton_codegen_env {} -> {'DISABLE_MMA_V3': '1'}"
+    from spark_bench.telemetry.roofline import device_identity
+
+    monkeypatch.setattr("torch.get_num_threads", lambda: 1)
+    assert device_identity("cuda:0")["fingerprint_id"] == plain["fingerprint_id"]  # peaks: the hardware's id
+    assert "triton_codegen_env" not in fingerprint("cpu")  # the interpreter compiles nothing
     monkeypatch.delenv("DISABLE_MMA_V3")
-    assert fingerprint("cuda:0")["fingerprint_id"] == plain["fingerprint_id"]
+    for name, value in (("DISABLE_MMA_V3", "0"), ("DISABLE_MMA_V3", "false"), ("MLIR_ENABLE_TIMING", "1"),
+                        ("LLVM_IR_ENABLE_DUMP", "1")):  # off, or a timing/dump switch: the same machine code
+        monkeypatch.setenv(name, value)
+        assert fingerprint("cuda:0")["fingerprint_id"] == plain["fingerprint_id"], (name, value)
+        monkeypatch.delenv(name)

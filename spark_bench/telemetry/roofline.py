@@ -142,7 +142,7 @@ def device_identity(device: str) -> dict[str, Any]:
     try:
         from spark_bench.fingerprint import fingerprint
 
-        fp = fingerprint(device)
+        fp = fingerprint(device, codegen=False)  # peaks do not depend on how Triton compiles
         info, key, key_source = dict(fp["device"]), fp["fingerprint_id"], "spark_bench.fingerprint"
     except Exception:
         info, key, key_source = _own_device_info(device), None, "telemetry.roofline"
