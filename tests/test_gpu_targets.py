@@ -114,12 +114,23 @@ def test_the_fault_locator_picks_each_backends_first_cuda_fault(tmp_path):
             rec("moe.experts", "torch", "crash", {"tokens": 1}, error="worker killed by SIGABRT",
                 worker_log_tail="CUDA error: misaligned address\nAborted"),
             rec("moe.experts", "triton", "oom", {"tokens": 1}, error="CUDA out of memory")]
-    for name, part in (("a", rows[:3]), ("b", rows[3:])):
+    ok = rec("kda.gated_rmsnorm", "triton", "ok", {"tokens": 5}, case_id="c5")
+    amendment = {"schema_version": 1, "amends": "c5", "label": "suspect", "fields": {"suspect": "the worker died "
+                 "during the next case: this case may have left an asynchronous fault"}}
+    for name, part in (("a", rows[:3]), ("b", rows[3:] + [ok, amendment])):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
-    found = locate_faults.faulting_cases([tmp_path / "a", tmp_path / "b", tmp_path / "missing"])
-    assert [(c["op"], c["backend"], c["params"]) for c in found] == [("kda.gate", "triton", {"tokens": 3}),
-                                                                    ("moe.experts", "torch", {"tokens": 1})]
+        (tmp_path / name / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part)
+                                                       + '{"op": "kda.gate", "backend"')  # a killed run's last line
+    # a later run of the same backends compiled without wgmma (the GPU check after step 1b): its faults count apart
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "results.jsonl").write_text(json.dumps(rows[2]) + "\n")
+    no_wgmma = {"fingerprint": {"triton_codegen_env": {"DISABLE_MMA_V3": "1"}}}
+    (tmp_path / "c" / "run.json").write_text(json.dumps(no_wgmma))
+    found = locate_faults.faulting_cases([tmp_path / "a", tmp_path / "b", tmp_path / "missing", tmp_path / "c"])
+    assert [(c["op"], c["backend"], c["params"], c["codegen"]) for c in found] == [
+        ("kda.gate", "triton", {"tokens": 3}, {}), ("moe.experts", "torch", {"tokens": 1}, {}),
+        ("kda.gated_rmsnorm", "triton", {"tokens": 5}, {}),
+        ("kda.gate", "triton", {"tokens": 3}, {"DISABLE_MMA_V3": "1"})]
     script = (Path(__file__).parent / "gpu" / "run_gpu_check.sh").read_text()
     assert "tests/gpu/locate_faults.py /tmp/gpu-faults.jsonl /tmp/gpu-correct /tmp/gpu-targets/*" in script
 
@@ -176,8 +187,16 @@ def test_a_fault_is_run_again_without_wgmma(tmp_path, monkeypatch):
     assert locate_faults.main([str(tmp_path / "faults.jsonl"), str(run), "--budget", "60"]) == 0
     (found,) = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
     assert found["faulted"] is True and found["without_wgmma"] == "ran"
-    assert [e.get("DISABLE_MMA_V3") for e in envs] == [None, "1"]
+    assert [e.get("DISABLE_MMA_V3") for e in envs] == [None, "1"]  # as compiled, whatever the caller exported
     assert all(e["CUDA_LAUNCH_BLOCKING"] == "1" for e in envs)
+    # a fault of a run compiled without wgmma: as compiled first (DISABLE_MMA_V3 kept), then with wgmma
+    (run / "run.json").write_text(json.dumps({"fingerprint": {"triton_codegen_env": {"DISABLE_MMA_V3": "1"}}}))
+    envs.clear()
+    monkeypatch.delenv("DISABLE_MMA_V3")
+    assert locate_faults.main([str(tmp_path / "faults.jsonl"), str(run), "--budget", "60"]) == 0
+    (found,) = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
+    assert found["faulted"] is False and "with_wgmma" not in found  # no fault as compiled: nothing to flip
+    assert [e.get("DISABLE_MMA_V3") for e in envs] == ["1"]
 
 
 def test_the_first_fault_is_also_run_under_compute_sanitizer(tmp_path, fault_env, monkeypatch):

@@ -9,12 +9,15 @@ installed and 45 s of the budget are left, the same call under `compute-sanitize
 names the kernel, the thread and block, the access and the address (`sanitizer` in the row). Next step, without a
 GPU: `spark-bench memcheck` on that kernel at that shape.
 
-Each faulting case also runs once more with DISABLE_MMA_V3=1 (Triton compiles its dots without Hopper's wgmma), and
-the row says whether it faulted then too (`without_wgmma`): Triton 3.6 and later fault on sm_90 in kernels with
-several dots on 32-wide tiles at 4 warps (triton-lang/triton #10486, #10573, #11366; clean on 3.5.1), which is what
-`_chunk_intra`, `_chunk_state` and the grouped MoE GEMMs have. The first runs leave DISABLE_MMA_V3 unset whatever
-the caller's environment. Usage: python tests/gpu/locate_faults.py OUT.jsonl RUN_DIR... [--budget S];
-`--any RUN_DIR...` only exits 0 when some case there died of a CUDA fault (1 otherwise).
+Each case runs as its run compiled it (the Triton code-generation switches in its run.json fingerprint, e.g. the
+DISABLE_MMA_V3=1 the GPU check exports after a fault in step 1), the sanitizer run too; then once more with
+DISABLE_MMA_V3 flipped (Triton compiles its dots without Hopper's wgmma, or with it), and the row says how that went
+(`without_wgmma` or `with_wgmma`): Triton 3.6 and later fault on sm_90 in kernels with several dots on 32-wide tiles
+at 4 warps (triton-lang/triton #10486, #10573, #11366; clean on 3.5.1), which is what `_chunk_intra`, `_chunk_state`
+and the grouped MoE GEMMs have. Cases count once per (op, backend, dtype, codegen switches), and a case a later
+death marked `suspect` (it may have left an asynchronous fault) counts as faulting. Usage: python
+tests/gpu/locate_faults.py OUT.jsonl RUN_DIR... [--budget S]; `--any RUN_DIR...` only exits 0 when some case there
+died of a CUDA fault (1 otherwise).
 """
 
 from __future__ import annotations
@@ -29,24 +32,71 @@ from pathlib import Path
 FAULTS = ("illegal memory access", "misaligned address", "illegal instruction", "unspecified launch failure")
 
 
+def journal(run: Path) -> list[dict]:
+    """The run's case records with their amendments merged, read tolerantly: a crash can leave a partial last line,
+    and RunStore.read_results (strict: it raises on any malformed record) would then hide every fault of the run."""
+    path = run / "results.jsonl"
+    records: list[dict] = []
+    if not path.exists():
+        return records
+    by_id: dict = {}
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(r, dict):
+            continue
+        if "amends" in r:  # RunStore.amend: fields and a label for an earlier case
+            target = by_id.get(r.get("amends"))
+            if target is not None:
+                target.update(r.get("fields") or {})
+                target["labels"] = [*(target.get("labels") or []), *([r["label"]] if r.get("label") else [])]
+        elif "op" in r and "backend" in r:
+            records.append(r)
+            by_id[r.get("case_id")] = r
+    return records
+
+
+def codegen_of(run: Path) -> dict:
+    """The Triton code-generation switches the run's fingerprint recorded ({} where none, or no run.json)."""
+    try:
+        return dict(json.loads((run / "run.json").read_text())["fingerprint"].get("triton_codegen_env") or {})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
 def faulting_cases(run_dirs: list[Path]) -> list[dict]:
-    """The first record per (op, backend, dtype) whose error or worker log names a CUDA fault."""
+    """The first record per (op, backend, dtype, codegen switches) whose error, worker log or earlier errors name a
+    CUDA fault, or which a later case's death marked suspect."""
     seen, out = set(), []
     for run in run_dirs:
-        path = run / "results.jsonl"
-        if not path.exists():
-            continue
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            r = json.loads(line)
+        codegen = codegen_of(run)
+        for r in journal(run):
             text = " ".join(str(x) for x in (r.get("error"), r.get("worker_log_tail"), r.get("earlier_errors"))).lower()
-            key = (r["op"], r["backend"], r.get("dtype"))
-            if r.get("status") in ("crash", "error") and any(f in text for f in FAULTS) and key not in seen:
+            faulted = r.get("status") in ("crash", "error") and any(f in text for f in FAULTS)
+            key = (r["op"], r["backend"], r.get("dtype"), tuple(sorted(codegen.items())))
+            if (faulted or r.get("suspect")) and key not in seen:
                 seen.add(key)
                 out.append({"op": r["op"], "backend": r["backend"], "dtype": r.get("dtype") or "bf16",
-                            "params": r["params"], "device": r.get("device") or "cuda", "run": str(run)})
+                            "params": r["params"], "device": r.get("device") or "cuda", "run": str(run),
+                            "codegen": codegen})
     return out
+
+
+def case_env(case: dict, flip: bool = False) -> dict:
+    """The environment the case was compiled in (its run's codegen switches, none of the caller's), with
+    CUDA_LAUNCH_BLOCKING=1; flip: DISABLE_MMA_V3 the other way."""
+    from spark_bench.fingerprint import CODEGEN_VARS
+
+    env = {k: v for k, v in os.environ.items() if k not in CODEGEN_VARS}
+    env.update({**case.get("codegen", {}), "CUDA_LAUNCH_BLOCKING": "1"})
+    if flip:
+        if "DISABLE_MMA_V3" in case.get("codegen", {}):
+            env.pop("DISABLE_MMA_V3")
+        else:
+            env["DISABLE_MMA_V3"] = "1"
+    return env
 
 
 def run_one(case: dict) -> None:
@@ -88,22 +138,19 @@ def sanitized(case: dict, tool: str, timeout: float) -> str:
     """The first lines of compute-sanitizer's memcheck report of the case's call."""
     cmd = [tool, "--tool", "memcheck", "--print-limit", "3", "--show-backtrace", "no", sys.executable, __file__,
            "--one", json.dumps(case)]
-    env = {k: v for k, v in os.environ.items() if k != "DISABLE_MMA_V3"}  # as the faulting run compiled it
     try:
-        proc = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True, env=env)
+        proc = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True, env=case_env(case))
     except subprocess.TimeoutExpired:
         return f"no report within {timeout:.0f} s"
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("=========")]
     return "\n".join(lines[:12]) or f"no report (exit {proc.returncode})"
 
 
-def rerun(case: dict, timeout: float, wgmma: bool = True) -> dict:
-    """The case in a fresh process with CUDA_LAUNCH_BLOCKING=1 (wgmma=False: DISABLE_MMA_V3=1); its row."""
-    env = {k: v for k, v in os.environ.items() if k != "DISABLE_MMA_V3"}
-    env.update({"CUDA_LAUNCH_BLOCKING": "1", **({} if wgmma else {"DISABLE_MMA_V3": "1"})})
+def rerun(case: dict, timeout: float, flip: bool = False) -> dict:
+    """The case in a fresh process as its run compiled it (flip: DISABLE_MMA_V3 the other way); its row."""
     try:
-        proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(case)], env=env, timeout=timeout,
-                              capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(case)], env=case_env(case, flip),
+                              timeout=timeout, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
         return {**case, "error": f"no result within {timeout:.0f} s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -134,17 +181,18 @@ def main(argv: list[str]) -> int:
             row = rerun(case, left)
             print(f"faults: {row['op']} {row['backend']} {row['params']}: {row.get('error', 'no fault')} "
                   f"at {' <- '.join(reversed(row.get('frames') or [])) or '?'}", flush=True)
-            left = end - time.monotonic()
-            if row.get("faulted") and left >= 5:
-                other = rerun(case, left, wgmma=False)
-                row["without_wgmma"] = ("faulted: " + other.get("error", "?")) if other.get("faulted") else (
-                    "ran" if other.get("faulted") is False else other.get("error", "?"))
-                print(f"faults: the same without wgmma (DISABLE_MMA_V3=1): {row['without_wgmma']}", flush=True)
             left, tool = end - time.monotonic(), sanitizer()
             if row.get("faulted") and tool and left >= SANITIZER_MIN_S and not sanitized_one:
                 sanitized_one = True
                 row["sanitizer"] = sanitized(case, tool, left - 5)
                 print(f"faults: compute-sanitizer:\n{row['sanitizer']}", flush=True)
+            left = end - time.monotonic()
+            if row.get("faulted") and left >= 5:
+                other = rerun(case, left, flip=True)
+                field = "with_wgmma" if "DISABLE_MMA_V3" in case.get("codegen", {}) else "without_wgmma"
+                row[field] = ("faulted: " + other.get("error", "?")) if other.get("faulted") else (
+                    "ran" if other.get("faulted") is False else other.get("error", "?"))
+                print(f"faults: the same {field.replace('_', ' ')}: {row[field]}", flush=True)
             f.write(json.dumps(row) + "\n")
     return 0
 
