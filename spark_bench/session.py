@@ -281,7 +281,7 @@ class Session:
             console(stderr=True).print(f"warning: the roofline peaks were measured while the machine was {busy}: "
                                        "likely low, so % of roofline reads high", markup=False)
         for note in clock_notes(roofline.get("measured") or {}):
-            console(stderr=True).print(f"warning: roofline peak measured throttled, {note}", markup=False)
+            console(stderr=True).print(f"warning: roofline peak measured slowed, {note}: likely low", markup=False)
         store.create({
             "run_id": run_id, "created": results.now(), "finished": None,
             "fingerprint": fingerprint(spec.device, weights=spec.weights),  # with --weights: the file and layer hash

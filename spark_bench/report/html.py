@@ -172,7 +172,7 @@ def calibration(run: RunData) -> str:
         if measured.get("busy"):
             parts.append(f"taken while the machine was {busy_text(measured)}: the peaks are likely low, so % of "
                          "roofline reads high")
-        parts += [f"measured throttled, {note}: that peak is likely low" for note in clock_notes(measured)]
+        parts += [f"measured slowed, {note}: that peak is likely low" for note in clock_notes(measured)]
     else:
         parts.append("not measured")
     if sheet:

@@ -100,7 +100,7 @@ def calibrate(device: str | None, as_json: bool, cache: Path | None, force: bool
     from spark_bench.telemetry.calibrate import clock_notes
 
     for note in clock_notes(measured):
-        click.echo(f"warning: measured throttled, {note}: that peak is likely low", err=True)
+        click.echo(f"warning: measured slowed, {note}: that peak is likely low", err=True)
     if measured.get("busy"):
         from spark_bench.telemetry.calibrate import busy_text
 

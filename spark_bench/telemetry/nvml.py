@@ -35,6 +35,7 @@ CLOCK_EVENT_REASONS = {
 }
 # Reasons that mean the clock was pulled down by a power or thermal limit (nvbench discards such samples).
 CAP_REASONS_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+SW_POWER_CAP = 0x4
 # NVML errors that mean a reading will never work on this device or driver (NOT_SUPPORTED, NO_PERMISSION,
 # FUNCTION_NOT_FOUND): asked once, then skipped. Any other error (UNKNOWN, TIMEOUT, ...) fails that one reading only.
 PERMANENT_NVML_ERRORS = (3, 4, 13)
