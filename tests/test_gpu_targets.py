@@ -76,7 +76,25 @@ def test_the_peer_falls_back_to_torch_when_vllm_did_not_run_and_roofline_targets
     gate = [row("kda.gate", "triton", pct=79.9, tokens=65536, heads=32, head_dim=128)]
     assert targets.verdict(gate, GATE)["verdict"] == "not met"
     gate[0]["roofline"]["pct_bw_measured"] = 80.0
-    assert targets.verdict(gate, GATE)["verdict"] == "met"
+    assert targets.verdict(gate, GATE)["verdict"] == "met" and "compiled_with" not in targets.verdict(gate, GATE)
+
+
+def test_verdicts_read_damaged_journals_and_say_what_their_runs_compiled_with(tmp_path):
+    """After step 1b of the GPU check the group runs compile without wgmma: each verdict says so (its Triton peers
+    lost wgmma too, its torch peers did not); an amendment line or a killed run's partial line is read, not fatal."""
+    import json
+
+    run = tmp_path / "kda-decode"
+    run.mkdir()
+    gate = row("kda.gate", "triton", pct=85.0, tokens=65536, heads=32, head_dim=128)
+    gate["case_id"] = "g1"
+    amendment = {"schema_version": 1, "amends": "g1", "label": "suspect", "fields": {"suspect": "maybe"}}
+    (run / "results.jsonl").write_text(json.dumps(gate) + "\n" + json.dumps(amendment) + "\n" + '{"op": "kda')
+    (run / "run.json").write_text(json.dumps({"fingerprint": {"triton_codegen_env": {"DISABLE_MMA_V3": "1"}}}))
+    rows = targets.read_rows(tmp_path)
+    assert len(rows) == 1 and rows[0]["labels"] == ["suspect"]
+    v = targets.verdict(rows, GATE)
+    assert v["verdict"] == "met" and v["compiled_with"] == {"DISABLE_MMA_V3": "1"}
 
 
 def test_the_gpu_check_writes_at_most_8_files():

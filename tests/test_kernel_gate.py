@@ -153,3 +153,16 @@ def test_a_compile_that_does_not_finish_in_time_is_ended_and_reported(tmp_path):
     [result] = compile_all([slow], ["sm_90a"], jobs=1, cache_dir=tmp_path, deadline_s=5)
     assert result.verdict == "compile-error" and "not finished within 5 s" in result.error
     assert not list(tmp_path.rglob("*.json"))  # not cached: another attempt may have more time
+
+
+def test_the_result_cache_keeps_results_compiled_with_triton_switches_apart(tmp_path, monkeypatch):
+    """A result compiled with DISABLE_MMA_V3=1 (no wgmma) is not served for the default compile, nor the reverse."""
+    from spark_bench.kernelgate.offline import ResultCache
+
+    cache = ResultCache(tmp_path)
+    monkeypatch.delenv("DISABLE_MMA_V3", raising=False)
+    plain = cache._path("k", "sm_90a")
+    monkeypatch.setenv("DISABLE_MMA_V3", "1")
+    assert cache._path("k", "sm_90a") != plain and "DISABLE_MMA_V3=1" in str(cache._path("k", "sm_90a"))
+    monkeypatch.setenv("DISABLE_MMA_V3", "0")
+    assert cache._path("k", "sm_90a") == plain

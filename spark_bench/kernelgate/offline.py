@@ -196,7 +196,8 @@ def _worker_init(env: dict[str, str], paths: list[str]) -> None:
 
 
 class ResultCache:
-    """One JSON file per (specialisation, target, Triton version)."""
+    """One JSON file per (specialisation, target, Triton version, Triton code-generation switches set: a result
+    compiled with DISABLE_MMA_V3=1 is not another's)."""
 
     def __init__(self, root: Path | None) -> None:
         self.root = root
@@ -206,7 +207,10 @@ class ResultCache:
             return None
         import triton
 
-        return self.root / f"triton-{triton.__version__}" / target / f"{key}.json"
+        from spark_bench.fingerprint import triton_codegen_env
+
+        switches = "".join(f"-{k}={v}" for k, v in triton_codegen_env().items())
+        return self.root / f"triton-{triton.__version__}{switches}" / target / f"{key}.json"
 
     def get(self, key: str, target: str) -> dict[str, Any] | None:
         path = self._path(key, target)

@@ -3,7 +3,8 @@
 #   0. the quick sweep's and the targets' Triton specialisations compiled in parallel into the JIT's cache (offline
 #      machinery of `spark-bench kernels` on the device's own Triton), so the workers do not compile serially,
 #   1. every Triton kernel's correctness in bf16 on the GPU (the quick sweep of all ops, triton backend only), and
-#      each kernel's registers and spills as the driver reports them beside the offline figures,
+#      each kernel's registers and spills as the driver reports them beside the offline figures; (1b) after a CUDA
+#      fault there, the rest compiles without Hopper's wgmma (DISABLE_MMA_V3=1, labelled in every run and verdict),
 #   2. our CUDA timers against triton.testing.do_bench,
 #   3. the measured roofline (spark-bench calibrate),
 #   4. the issues' targets (tests/gpu/targets.py: the points issues 12 and 13 name, ours against fla / vLLM / torch
@@ -82,7 +83,7 @@ timeout 30 spark-bench calibrate --device cuda --json > "$OUT/calibrate.json"
 echo "== 4. the issues' targets (budget ${TARGETS_BUDGET_S}s)"
 python3 tests/gpu/targets.py run /tmp/gpu-targets --budget "$TARGETS_BUDGET_S" -- --device cuda --max-time 0.3 --no-energy
 python3 tests/gpu/targets.py verdict /tmp/gpu-targets > "$OUT/targets.json"
-python3 -c "import json; [print(t['verdict'], '|', t['target']) for t in json.load(open('$OUT/targets.json'))]"
+python3 -c "import json; [print(t['verdict'], '|', t['target'], *(['| compiled with', t['compiled_with']] if t.get('compiled_with') else [])) for t in json.load(open('$OUT/targets.json'))]"
 tar -C /tmp -czf "$OUT/runs.tar.gz" gpu-targets gpu-correct 2>/dev/null  # now, in case the steps below run out of time
 
 echo "== 4b. which launch faulted (CUDA_LAUNCH_BLOCKING=1; the first under compute-sanitizer), per backend with a CUDA fault"

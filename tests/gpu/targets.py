@@ -167,6 +167,9 @@ def verdict(rows: list[dict], t: Target) -> dict:
     for values in t.where.values():
         expected *= len(values)
     out = {"issue": t.issue, "target": t.name, "op": t.op, "group": t.group, "points": points}
+    switches = {k: v for r in ours for k, v in (r.get("codegen") or {}).items()}
+    if switches:  # e.g. DISABLE_MMA_V3=1: ours (and Triton peers) compiled without wgmma, torch peers unchanged
+        out["compiled_with"] = switches
     checks = []  # one per judged value: True, False, or None (not measured: no peer, no roofline)
     for p in points:
         if p["status"] != "ok":
@@ -190,9 +193,14 @@ def verdict(rows: list[dict], t: Target) -> dict:
 
 
 def read_rows(out: Path) -> list[dict]:
+    """Every case record of the group runs under `out` (amendments merged, a killed run's partial line skipped), each
+    with its run's Triton code-generation switches as `codegen` (e.g. DISABLE_MMA_V3 after step 1b of the check)."""
+    from locate_faults import codegen_of, journal
+
     rows = []
     for path in sorted(out.glob("*/results.jsonl")):
-        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        codegen = codegen_of(path.parent)
+        rows += [{**r, "codegen": codegen} for r in journal(path.parent)]
     return rows
 
 
