@@ -11,8 +11,10 @@ import triton.language as tl
 from spark_bench.kernels.common import next_pow2, row_block, softplus, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 
-# BT tokens x next_pow2(K) per program: 4096 elements (BT = 32 at K = 128, 64 at K <= 64), 4 warps: 28-63
-# registers, 8-16 CTAs/SM on sm_90a. The grid is T/BT x H programs whatever BT: at T = 1 it is H programs of one row.
+# BT tokens x next_pow2(K) per program: 4096 elements (BT = 32 at K = 128, 64 at K <= 64), 4 warps: 79-80 registers
+# for 16-bit inputs (94-96 fp32), 5-6 CTAs/SM on sm_90a since softplus keeps its digits (55-63 and 8-9 before): about
+# 49 KB of loads in flight per SM against the ~25 KB that 4.8 TB/s x ~700 ns asks (a model; BT = 16, 48 registers and
+# 10 CTAs/SM, is a candidate). The grid is T/BT x H programs whatever BT: at T = 1 it is H programs of one row.
 # HEADS_FASTEST: consecutive programs take the heads of the same tokens, so the programs in flight read and write
 # one contiguous stretch of [T, H, K] (a head's 32 rows alone are 256-byte pieces 8 KB apart at H = 32, K = 128:
 # with the tokens fastest, as before, every DRAM page was opened once per head). A model, not measured: on the
