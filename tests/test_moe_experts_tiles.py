@@ -127,3 +127,27 @@ def test_decode_sums_its_slots_in_the_down_kernel(monkeypatch, seed, tokens, exp
     assert bool(launched) == (not fuse)
     assert int(tickets("moe.experts_decode._decode_down", inp["x"].device, 1).abs().sum()) == 0
     assert SUM_CONFIGS.declared(T=8, D=2304)["FUSE"] == 1 and SUM_CONFIGS.declared(T=9, D=2304)["FUSE"] == 0
+
+
+def test_the_slot_sum_takes_column_tiles_fastest_unless_the_token_blocks_exceed_grid_dimension_1(monkeypatch):
+    """_sum_slots' grid is (D/BD, T/BT), whole rows of y_slots in consecutive programs; past CUDA's 65535 cap on grid
+    dimension 1 it takes token blocks fastest; both sum each token's rows in order, exactly."""
+    import torch
+    from spark_bench.kernels.moe import slots
+
+    grids, real = [], slots._sum_slots
+
+    class Recorder:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(slots, "_sum_slots", Recorder())
+    monkeypatch.setattr(slots, "INTERPRET", False)  # the declared BT = 16, BD = 128 (the interpreter's are wider)
+    part = torch.randn(37 * 3, 200, generator=torch.Generator().manual_seed(0))  # 3 token blocks, 2 column tiles
+    want = part.view(37, 3, 200).sum(1)
+    config = {"BT": 16, "BD": 128, "FUSE": 0, "num_warps": 4}
+    for cap in (slots.MAX_GRID_Y, 2):
+        monkeypatch.setattr(slots, "MAX_GRID_Y", cap)
+        torch.testing.assert_close(slots.sum_slots(part, 37, torch.float32, config), want, rtol=1e-6, atol=1e-6)
+    assert grids == [(2, 3), (3, 2)]
