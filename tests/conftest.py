@@ -71,3 +71,21 @@ def _inner_pytest_is_not_an_xdist_worker(request, monkeypatch):
     if "pytester" in request.fixturenames:
         for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
             monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def record_grids(monkeypatch):
+    """record_grids(module, "_kernel") -> the list that receives every grid `_kernel` is launched with from then
+    on (the launches still run): for tests of a wrapper's grid order."""
+    def record(module, name):
+        grids, real = [], getattr(module, name)
+
+        class Recorder:
+            def __getitem__(self, grid):
+                grids.append(grid)
+                return real[grid]
+
+        monkeypatch.setattr(module, name, Recorder())
+        return grids
+
+    return record

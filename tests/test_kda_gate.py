@@ -67,19 +67,12 @@ def test_check_catches_a_transposed_dt_bias():
     assert not check["ok"] and check["err_ratio"] > 1e-2
 
 
-def test_grid_order_heads_fastest_unless_the_token_blocks_exceed_grid_dimension_1(monkeypatch):
+def test_grid_order_heads_fastest_unless_the_token_blocks_exceed_grid_dimension_1(monkeypatch, record_grids):
     """The kernel takes the heads of the same tokens in consecutive programs (grid (H, T/BT)); past CUDA's 65535 cap
     on grid dimension 1 it falls back to tokens fastest, and both orders give the reference's values."""
     from spark_bench.kernels.kda import gate
 
-    grids, real = [], gate._kda_gate_fwd
-
-    class Recorder:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(gate, "_kda_gate_fwd", Recorder())
+    grids = record_grids(gate, "_kda_gate_fwd")
     inputs = OP.make_inputs({"tokens": 97, "heads": 3, "head_dim": 128}, dtype="bf16", seed=7)
     ref = OP.reference(**inputs)
     for cap in (gate.MAX_GRID_Y, 2):

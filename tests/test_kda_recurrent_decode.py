@@ -100,19 +100,12 @@ def test_cost_model():
                                                      + 4 * N)
 
 
-def test_grid_takes_v_tiles_fastest_unless_the_sequences_exceed_grid_dimension_2(monkeypatch):
+def test_grid_takes_v_tiles_fastest_unless_the_sequences_exceed_grid_dimension_2(monkeypatch, record_grids):
     """A state matrix's V tiles run in consecutive programs (grid (V/BV, H, N)); past CUDA's 65535 cap on grid
     dimension 2 the old order (N, H, V/BV) is taken; both give the reference's outputs and pool."""
     from spark_bench.kernels.kda import recurrent_decode as kernel
 
-    grids, real = [], kernel._recurrent_decode
-
-    class Recorder:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(kernel, "_recurrent_decode", Recorder())
+    grids = record_grids(kernel, "_recurrent_decode")
     monkeypatch.setattr(kernel, "widen", lambda: False)  # the declared BV = 32: 2 V tiles of V = 48
     inputs = make(2, N=3, H=2, K=32, V=48, seed=3)
     ref = run(BACKENDS["reference"], inputs)

@@ -129,20 +129,14 @@ def test_decode_sums_its_slots_in_the_down_kernel(monkeypatch, seed, tokens, exp
     assert SUM_CONFIGS.declared(T=8, D=2304)["FUSE"] == 1 and SUM_CONFIGS.declared(T=9, D=2304)["FUSE"] == 0
 
 
-def test_the_slot_sum_takes_column_tiles_fastest_unless_the_token_blocks_exceed_grid_dimension_1(monkeypatch):
+def test_the_slot_sum_takes_column_tiles_fastest_unless_token_blocks_exceed_grid_dimension_1(monkeypatch,
+                                                                                               record_grids):
     """_sum_slots' grid is (D/BD, T/BT), whole rows of y_slots in consecutive programs; past CUDA's 65535 cap on grid
     dimension 1 it takes token blocks fastest; both sum each token's rows in order, exactly."""
     import torch
     from spark_bench.kernels.moe import slots
 
-    grids, real = [], slots._sum_slots
-
-    class Recorder:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(slots, "_sum_slots", Recorder())
+    grids = record_grids(slots, "_sum_slots")
     monkeypatch.setattr(slots, "INTERPRET", False)  # the declared BT = 16, BD = 128 (the interpreter's are wider)
     part = torch.randn(37 * 3, 200, generator=torch.Generator().manual_seed(0))  # 3 token blocks, 2 column tiles
     want = part.view(37, 3, 200).sum(1)
