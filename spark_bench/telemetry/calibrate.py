@@ -96,7 +96,8 @@ def busy_text(entry: dict[str, Any]) -> str:
 def per_call_seconds(fn: Callable[[], Any], device: str, budget_s: float, warmup_s: float,
                      window: list[float] | None = None) -> tuple[float, int]:
     """(best seconds per call over the timed batches, calls timed) of fn on device, after warmup_s of warm-up.
-    `window` (when given) receives the timed batches' start and end in epoch seconds (the telemetry's clock)."""
+    `window` (when given) receives the timed batches' start and end in epoch seconds (time.time(), the clock of
+    NVML's samples: a source on another clock sees no samples in the window)."""
     import torch
 
     cuda = device.startswith("cuda")
@@ -225,8 +226,8 @@ class _Watch:
     def __init__(self, source: Any) -> None:
         from spark_bench.telemetry.sampler import Sampler
 
+        self.default_sm_mhz = source.default_sm_clock_mhz() if source is not None else None  # before the thread
         self.sampler = Sampler(source, CLOCK_PERIOD_S).start() if source is not None else None
-        self.default_sm_mhz = source.default_sm_clock_mhz() if source is not None else None
 
     def measured(self, fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
         window: list[float] = []
