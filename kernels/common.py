@@ -60,8 +60,47 @@ def round_bf16(x, ROUND: tl.constexpr):
     return x
 
 
+MAX_GRID_YZ = 65535  # CUDA's cap on grid dimensions 1 and 2 (dimension 0 takes 2^31 - 1)
+
+
+def ordered_grid(fast: int, slow: int, middle: tuple[int, ...] = (), prefer: bool = True) -> tuple[tuple, bool]:
+    """(fast, *middle, slow) when `prefer` and `slow` fits its grid dimension's cap, else (slow, *middle, fast); and
+    whether `fast` came first (the kernel's constexpr that reads its program ids in that order). For kernels whose
+    programs in flight should cover whole rows of memory: `fast` indexes the tiles of one row."""
+    first = bool(prefer) and slow <= MAX_GRID_YZ
+    return ((fast, *middle, slow) if first else (slow, *middle, fast)), first
+
+
+@triton.jit
+def ordered_ids(FAST_FIRST: tl.constexpr, SLOW_AXIS: tl.constexpr):
+    """(fast, slow) program ids of a grid laid out by ordered_grid: (axis 0, SLOW_AXIS) when FAST_FIRST, else
+    (SLOW_AXIS, axis 0)."""
+    if FAST_FIRST:
+        fast, slow = tl.program_id(0), tl.program_id(SLOW_AXIS)
+    else:
+        fast, slow = tl.program_id(SLOW_AXIS), tl.program_id(0)
+    return fast, slow
+
+
 def rounds_bf16(dtype: torch.dtype) -> bool:
     return INTERPRET and dtype == torch.bfloat16
+
+
+def per_tensor(cache: dict, tensor: torch.Tensor, build, *extra, limit: int = 8):
+    """build(), computed once while the same tensor object comes back unmodified (same `_version`) with the same
+    `extra` key parts; `cache` (the caller's dict) keeps the `limit` most recent entries, each with a weak reference
+    to its tensor, so a new tensor that reuses a dead one's id is not mistaken for it."""
+    import weakref
+
+    key = (id(tensor), tensor._version, *extra)
+    hit = cache.get(key)
+    if hit is not None and hit[0]() is tensor:
+        return hit[1]
+    value = build()
+    if len(cache) >= limit:
+        cache.pop(next(iter(cache)))
+    cache[key] = (weakref.ref(tensor), value)
+    return value
 
 
 _TICKETS: dict = {}

@@ -75,8 +75,8 @@ def test_grid_order_heads_fastest_unless_the_token_blocks_exceed_grid_dimension_
     grids = record_grids(gate, "_kda_gate_fwd")
     inputs = OP.make_inputs({"tokens": 97, "heads": 3, "head_dim": 128}, dtype="bf16", seed=7)
     ref = OP.reference(**inputs)
-    for cap in (gate.MAX_GRID_Y, 2):
-        monkeypatch.setattr(gate, "MAX_GRID_Y", cap)
+    for cap in (65535, 2):
+        monkeypatch.setattr("spark_bench.kernels.common.MAX_GRID_YZ", cap)
         monkeypatch.setattr(gate, "widen", lambda: False)  # the declared BT = 32 (4 token blocks), not widened
         check = check_outputs(OP, call("triton", inputs), ref, inputs, "bf16")
         assert check["ok"], check["message"]

@@ -141,7 +141,7 @@ def test_the_slot_sum_takes_column_tiles_fastest_unless_token_blocks_exceed_grid
     part = torch.randn(37 * 3, 200, generator=torch.Generator().manual_seed(0))  # 3 token blocks, 2 column tiles
     want = part.view(37, 3, 200).sum(1)
     config = {"BT": 16, "BD": 128, "FUSE": 0, "num_warps": 4}
-    for cap in (slots.MAX_GRID_Y, 2):
-        monkeypatch.setattr(slots, "MAX_GRID_Y", cap)
+    for cap in (65535, 2):
+        monkeypatch.setattr("spark_bench.kernels.common.MAX_GRID_YZ", cap)
         torch.testing.assert_close(slots.sum_slots(part, 37, torch.float32, config), want, rtol=1e-6, atol=1e-6)
     assert grids == [(2, 3), (3, 2)]

@@ -72,10 +72,8 @@ def test_expert_stack_writes_only_the_hit_experts(fmt, rows, grid_y_cap, monkeyp
     """dequantize(raw [E, rows, bytes], hit=flags): flagged experts bit-exact with the oracle (bf16: rounded once),
     the others never written (NaN under poisoned allocations); rows not a power of two per expert. Super-blocks
     fastest in the grid, or (more row blocks than grid dimension 1 takes: a cap of 2 here) row blocks fastest."""
-    from spark_bench.kernels.quant import dequant
-
     if grid_y_cap is not None:
-        monkeypatch.setattr(dequant, "MAX_GRID_Y", grid_y_cap)
+        monkeypatch.setattr("spark_bench.kernels.common.MAX_GRID_YZ", grid_y_cap)
     E, cols = 5, 512
     raw = kquants.random_blocks(fmt, (E, rows), cols, torch.Generator().manual_seed(5))
     hit = torch.tensor([0, 1, 0, 0, 1], dtype=torch.int32)

@@ -16,31 +16,21 @@ fla does: a repeated call with the same tensor launches none of its ~20 small to
 with their token strides (the block's views of the conv output are not copied).
 """
 
-import weakref
-
 import torch
-from spark_bench.kernels.common import INTERPRET
+from spark_bench.kernels.common import INTERPRET, per_tensor
 from spark_bench.kernels.kda.chunk_intra import chunk_intra
 from spark_bench.kernels.kda.chunk_output import chunk_output
 from spark_bench.kernels.kda.chunk_prep import chunk_table
 from spark_bench.kernels.kda.chunk_state import chunk_state
 
 BT = 64
-_TABLES: dict = {}  # (id, version, total, chunk) -> (weakref to cu_seqlens, table); a few recent entries
+_TABLES: dict = {}  # cached_chunk_table's per_tensor cache
 _OFFSETS: dict = {}  # (B, T, device) -> cu_seqlens of B sequences of T tokens
 
 
 def cached_chunk_table(cu_seqlens: torch.Tensor, total: int, chunk: int):
     """chunk_table, reused while the same cu_seqlens tensor (same object, not modified in place) comes back."""
-    key = (id(cu_seqlens), cu_seqlens._version, total, chunk)
-    hit = _TABLES.get(key)
-    if hit is not None and hit[0]() is cu_seqlens:
-        return hit[1]
-    table = chunk_table(cu_seqlens, total, chunk)
-    if len(_TABLES) >= 8:
-        _TABLES.pop(next(iter(_TABLES)))
-    _TABLES[key] = (weakref.ref(cu_seqlens), table)
-    return table
+    return per_tensor(_TABLES, cu_seqlens, lambda: chunk_table(cu_seqlens, total, chunk), total, chunk)
 
 
 def _offsets(B: int, T: int, device) -> torch.Tensor:

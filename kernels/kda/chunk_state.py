@@ -22,7 +22,7 @@ c; fp32 inputs load at use (their tiles would double the registers).
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import widen
+from spark_bench.kernels.common import MAX_GRID_YZ, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import dot_operand, to_output_dtype
 
@@ -185,8 +185,8 @@ def chunk_state(w, u, kd, glast, cu_seqlens, chunk_first, n_chunks, *, BT, initi
     if prec == "ieee" and not interpret:
         prec = "tf32x3"
     h0 = initial_state.contiguous() if initial_state is not None else h
-    if N > 65535:  # grid dimension 2's cap
-        raise ValueError(f"{N} sequences in one chunked prefill: at most 65535")
+    if N > MAX_GRID_YZ:  # grid dimension 2's cap
+        raise ValueError(f"{N} sequences in one chunked prefill: at most {MAX_GRID_YZ}")
     _chunk_state[(triton.cdiv(V, meta["BV"]), H, N)](
         w, u, kd, glast, cu_seqlens, chunk_first, h0, h, ht if ht is not None else h,
         H=H, K=K, V=V, BT=BT, BKT=max(16, triton.next_power_of_2(K) // 2),

@@ -8,7 +8,7 @@ is an argument, so a strided view of g (rows of a wider projection) is read in p
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import next_pow2, row_block, softplus, widen
+from spark_bench.kernels.common import next_pow2, ordered_grid, ordered_ids, row_block, softplus, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 
 # BT tokens x next_pow2(K) per program: 4096 elements (BT = 32 at K = 128, 64 at K <= 64), 4 warps: 79-80 registers
@@ -26,18 +26,12 @@ CONFIGS = declare(ConfigSpace(
     buckets=[({"K": 64}, {"BT": 64, "HEADS_FASTEST": 1, "num_warps": 4})],
     candidates=[{"BT": 16, "HEADS_FASTEST": 1, "num_warps": 4}, {"BT": 64, "HEADS_FASTEST": 1, "num_warps": 8},
                 {"BT": 32, "HEADS_FASTEST": 0, "num_warps": 4}]))  # the order until 2026-12-05
-MAX_GRID_Y = 65535
 
 
 @triton.jit
 def _kda_gate_fwd(g_raw, A_log, dt_bias, out, T, stride_t, H: tl.constexpr, K: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, HEADS_FASTEST: tl.constexpr):
-    if HEADS_FASTEST:
-        i_h = tl.program_id(0)
-        i_t = tl.program_id(1)
-    else:
-        i_t = tl.program_id(0)
-        i_h = tl.program_id(1)
+    i_h, i_t = ordered_ids(HEADS_FASTEST, 1)
     o_t = (i_t * BT + tl.arange(0, BT)).to(tl.int64)
     o_k = tl.arange(0, BK)
     mask = (o_t[:, None] < T) & (o_k[None, :] < K)
@@ -61,9 +55,8 @@ def kda_gate(g: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> tor
     meta, options = split(CONFIGS.pick(T=T, K=K, dtype=str(g.dtype)))
     if widen():
         meta["BT"] = row_block(BK)
-    blocks = triton.cdiv(T, meta["BT"])
-    meta["HEADS_FASTEST"] = int(bool(meta["HEADS_FASTEST"]) and blocks <= MAX_GRID_Y)
-    grid = (H, blocks) if meta["HEADS_FASTEST"] else (blocks, H)
+    grid, heads_fastest = ordered_grid(H, triton.cdiv(T, meta["BT"]), prefer=meta["HEADS_FASTEST"])
+    meta["HEADS_FASTEST"] = int(heads_fastest)
     _kda_gate_fwd[grid](g, A_log.reshape(-1).contiguous(), dt_bias.reshape(-1).contiguous(), out, T,
                         g.stride(0), H=H, K=K, BK=BK, **meta, **options)
     return out

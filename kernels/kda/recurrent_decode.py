@@ -11,7 +11,7 @@ output are not copied.
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET, widen
+from spark_bench.kernels.common import INTERPRET, ordered_grid, ordered_ids, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_output_dtype
 
@@ -31,14 +31,14 @@ CONFIGS = declare(ConfigSpace(
     buckets=[({"N": 2}, {"BV": 16, "V_FASTEST": 0, "num_warps": 4})],
     candidates=[{"BV": 32, "V_FASTEST": 1, "num_warps": 2}, {"BV": 64, "V_FASTEST": 1, "num_warps": 8},
                 {"BV": 32, "V_FASTEST": 0, "num_warps": 4}]))
-MAX_GRID_Z = 65535
 
 
-def decode_grid(N: int, H: int, v_blocks: int, meta: dict) -> tuple[int, int, int]:
+def decode_grid(N: int, H: int, v_blocks: int, meta: dict) -> tuple:
     """The grid of a kernel over state tiles (state_tile), V tiles fastest when meta["V_FASTEST"] and N fits grid
     dimension 2 (meta["V_FASTEST"] is set to the order taken)."""
-    meta["V_FASTEST"] = int(bool(meta["V_FASTEST"]) and N <= MAX_GRID_Z)
-    return (v_blocks, H, N) if meta["V_FASTEST"] else (N, H, v_blocks)
+    grid, v_fastest = ordered_grid(v_blocks, N, (H,), prefer=meta["V_FASTEST"])
+    meta["V_FASTEST"] = int(v_fastest)
+    return grid
 
 
 @triton.jit
@@ -46,12 +46,8 @@ def state_tile(slots, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.
                V_FASTEST: tl.constexpr):
     """The [K, BV] state tile of a program of grid (V/BV, H, N) when V_FASTEST, else (N, H, V/BV): (sequence,
     head, its pool slot, K and V offsets and masks, the tile's offsets in a [S, H, K, V] pool and its mask)."""
-    if V_FASTEST:
-        i_v = tl.program_id(0)
-        i_n = tl.program_id(2).to(tl.int64)
-    else:
-        i_v = tl.program_id(2)
-        i_n = tl.program_id(0).to(tl.int64)
+    i_v, i_n = ordered_ids(V_FASTEST, 2)
+    i_n = i_n.to(tl.int64)
     i_h = tl.program_id(1)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)

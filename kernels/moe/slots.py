@@ -13,7 +13,16 @@ Two ways, chosen by the declared FUSE of `moe.slots._sum_slots` (1 at decode siz
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET, last_to_arrive, next_pow2, round_bf16, rounds_bf16, tickets
+from spark_bench.kernels.common import (
+    INTERPRET,
+    last_to_arrive,
+    next_pow2,
+    ordered_grid,
+    ordered_ids,
+    round_bf16,
+    rounds_bf16,
+    tickets,
+)
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 
 SUM_CONFIGS = declare(ConfigSpace(
@@ -25,19 +34,13 @@ SUM_CONFIGS = declare(ConfigSpace(
     doc="FUSE: the partials' kernel sums them (a ticket per D tile); else BT tokens x BD columns per program"))
 
 
-MAX_GRID_Y = 65535
-
-
 @triton.jit
 def _sum_slots(y_slots, y, T, D, R: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, RNE: tl.constexpr,
                D_FASTEST: tl.constexpr):
     """D_FASTEST: grid (D/BD, T/BT), so consecutive programs take the column tiles of the same rows and the programs
     in flight stream whole rows of y_slots; token blocks fastest, as before 2026-12-05, each pass over y_slots
     (302 MB at T = 16k, K = 8, D = 2304) read one 256-byte piece of every 4.6 KB row, D/BD passes (a model)."""
-    if D_FASTEST:
-        i_d, i_t = tl.program_id(0), tl.program_id(1)
-    else:
-        i_t, i_d = tl.program_id(0), tl.program_id(1)
+    i_d, i_t = ordered_ids(D_FASTEST, 1)
     o_t = (i_t * BT + tl.arange(0, BT)).to(tl.int64)
     o_d = i_d * BD + tl.arange(0, BD)
     mask = (o_t[:, None] < T) & (o_d[None, :] < D)
@@ -93,7 +96,6 @@ def sum_slots(y_slots: torch.Tensor, T: int, out_dtype: torch.dtype, config: dic
     meta.pop("FUSE", None)
     BT, BD = (max(1, min(next_pow2(T), 64)), max(16, min(next_pow2(D), 256))) if INTERPRET else \
         (meta["BT"], meta["BD"])
-    d_fastest = triton.cdiv(T, BT) <= MAX_GRID_Y  # grid dimension 1's cap (T past 1M tokens at BT = 16)
-    grid = (triton.cdiv(D, BD), triton.cdiv(T, BT)) if d_fastest else (triton.cdiv(T, BT), triton.cdiv(D, BD))
+    grid, d_fastest = ordered_grid(triton.cdiv(D, BD), triton.cdiv(T, BT))  # tokens first past 1M at BT = 16
     _sum_slots[grid](y_slots, y, T, D, R=R, BT=BT, BD=BD, RNE=rounds_bf16(out_dtype), D_FASTEST=d_fastest, **options)
     return y

@@ -10,13 +10,10 @@ once to nearest even (under the interpreter by integer ops, whose own cast trunc
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET, next_pow2
+from spark_bench.kernels.common import INTERPRET, next_pow2, ordered_grid, ordered_ids
 from spark_bench.kernels.quant.kquants import CHUNK, aligned, bf16_rne, block_ptr, block_scales, dequant_chunk
 
 BLOCK_BYTES = {"q2_k": 84, "q3_k": 110}
-
-
-MAX_GRID_Y = 65535
 
 
 @triton.jit
@@ -26,10 +23,7 @@ def _dequant_rows(raw, out, hit, n_rows, row_bytes, cols, rows_per_expert, BR: t
     per expert, so a program's rows are one expert's). BLOCKS_FASTEST: grid (super-blocks, row blocks), so the
     programs in flight read and write whole rows (with row blocks fastest, as before 2026-12-05, they took one
     84-110-byte block of each row and one 512-byte piece of each bf16 row; a model, not measured)."""
-    if BLOCKS_FASTEST:
-        b, i_r = tl.program_id(0), tl.program_id(1)
-    else:
-        i_r, b = tl.program_id(0), tl.program_id(1)
+    b, i_r = ordered_ids(BLOCKS_FASTEST, 1)
     if SKIP:
         if tl.load(hit + i_r * BR // rows_per_expert) == 0:
             return
@@ -73,9 +67,7 @@ def dequantize(raw: torch.Tensor, fmt: str, dtype: torch.dtype = torch.bfloat16,
         rows_per_expert = raw.shape[1]
         BR = min(BR, rows_per_expert & -rows_per_expert)  # a power of two dividing the rows per expert
         hit = hit.to(torch.int32).contiguous()
-    row_blocks = triton.cdiv(n_rows, BR)
-    blocks_fastest = row_blocks <= MAX_GRID_Y  # grid dimension 1's cap
-    grid = (cols // 256, row_blocks) if blocks_fastest else (row_blocks, cols // 256)
+    grid, blocks_fastest = ordered_grid(cols // 256, triton.cdiv(n_rows, BR))
     _dequant_rows[grid](raw, out, hit, n_rows, row_bytes, cols, rows_per_expert, BR=BR, Q3=fmt == "q3_k",
                         RNE_BF16=INTERPRET and dtype == torch.bfloat16, SKIP=hit is not None,
                         BLOCKS_FASTEST=blocks_fastest)

@@ -160,22 +160,15 @@ def err_ratio(out, ref) -> float:
     return float((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30))
 
 
-_INT64_OFFSETS: dict = {}  # id(cu_seqlens) -> (weakref to it, its version, its int64 copy); a few recent entries
+_INT64_OFFSETS: dict = {}  # int64_offsets' per_tensor cache
 
 
 def int64_offsets(cu_seqlens):
     """cu_seqlens as int64 for fla, the same tensor object while the same (unmodified) int32 tensor comes back: fla
     caches its chunk indices by the tensor's identity, and a fresh `.long()` per call made it rebuild them every
     call (with CUDA counts, `repeat_interleave` reads their sum on the host: a sync per call, no graph capture)."""
-    import weakref
+    from spark_bench.kernels.common import per_tensor
 
     if cu_seqlens is None or cu_seqlens.dtype == torch.int64:
         return cu_seqlens
-    hit = _INT64_OFFSETS.get(id(cu_seqlens))
-    if hit is not None and hit[0]() is cu_seqlens and hit[1] == cu_seqlens._version:
-        return hit[2]
-    if len(_INT64_OFFSETS) >= 16:
-        _INT64_OFFSETS.pop(next(iter(_INT64_OFFSETS)))
-    out = cu_seqlens.long()
-    _INT64_OFFSETS[id(cu_seqlens)] = (weakref.ref(cu_seqlens), cu_seqlens._version, out)
-    return out
+    return per_tensor(_INT64_OFFSETS, cu_seqlens, cu_seqlens.long, limit=16)
