@@ -17,12 +17,12 @@ from typing import Any
 from spark_bench import results
 from spark_bench.executors.base import Executor, RunContext, Sink, failed_record
 from spark_bench.executors.local import LocalExecutor
-from spark_bench.executors.worker_process import STARTUP_TIMEOUT_S, Worker
+from spark_bench.executors.worker_process import STARTUP_TIMEOUT_S, Worker, env_seconds, startup_timeout
 from spark_bench.sweep import Case
 from spark_bench.timing import TimingConfig
 from spark_bench.worker import ENERGY_ENV
 
-__all__ = ["STARTUP_TIMEOUT_S", "Runner", "Worker", "default_timeout", "failed_record", "pending"]
+__all__ = ["STARTUP_TIMEOUT_S", "Runner", "Worker", "default_timeout", "failed_record", "pending", "startup_timeout"]
 
 ProgressFn = Callable[[Case, str], None]
 
@@ -87,4 +87,4 @@ def pending(store: results.RunStore, cases: Sequence[Case]) -> list[Case]:
 
 def default_timeout(device: str) -> float:
     """Per-phase timeout: generous on CPU, where Triton runs interpreted."""
-    return float(os.environ.get("SPARK_BENCH_TIMEOUT", 600 if device.startswith("cpu") else 300))
+    return env_seconds("SPARK_BENCH_TIMEOUT", 600 if device.startswith("cpu") else 300)

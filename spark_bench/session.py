@@ -17,7 +17,7 @@ from typing import Any
 from spark_bench import results, triton_env
 from spark_bench.console import console, failures_table, results_table, summary_line
 from spark_bench.executors.worker_process import WorkersCannotStart
-from spark_bench.runner import Runner, default_timeout
+from spark_bench.runner import Runner, default_timeout, startup_timeout
 from spark_bench.sweep import Case, SweepSpec, UsageError, build_cases
 from spark_bench.telemetry import RunTelemetry, percent_of_peak
 from spark_bench.timing import TimingConfig
@@ -267,9 +267,10 @@ class Session:
         from spark_bench.telemetry import preflight, roofline_for
         from spark_bench.telemetry.calibrate import busy_text, clock_notes
 
+        timeout_s = timeout if timeout is not None else default_timeout(spec.device)
+        startup_timeout()  # a bad SPARK_BENCH_STARTUP_TIMEOUT is a usage error before anything is written
         run_id = results.new_run_id(spec.device) if out is None else Path(out).name
         store = results.RunStore(out if out is not None else results_root / run_id)
-        timeout_s = timeout if timeout is not None else default_timeout(spec.device)
         store.lock()  # before anything is written: a second run of this directory is refused, naming this one
         check = preflight(spec.device, own_pids=own_pids) if spec.device.startswith("cuda") else None
         for warning in (check or {}).get("warnings", []):

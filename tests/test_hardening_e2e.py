@@ -228,18 +228,22 @@ if '--multiprocessing-fork' in sys.argv:
     if os.path.getsize(counter) > int(os.environ['STARTS_THAT_WORK']):
         import spark_bench.devices as devices
         def use_device(device):
+            if os.environ.get('HANG_AT_START'):
+                import time
+                time.sleep(3600)
             raise ValueError('simulated start-up failure on ' + device)
         devices.use_device = use_device
 """
 
 
-def _run_with_failing_starts(tmp_path, fault_env, starts_that_work: int, *args):
-    """`spark-bench run` whose spawned workers die at start-up after the first `starts_that_work` started."""
+def _run_with_failing_starts(tmp_path, fault_env, starts_that_work: int, *args, **env_extra):
+    """`spark-bench run` whose spawned workers die (or, with HANG_AT_START=1, hang) at start-up after the first
+    `starts_that_work` started."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(_HOOK)
     env = {**fault_env, "PYTHONPATH": os.pathsep.join([str(hook), fault_env["PYTHONPATH"]]),
-           "START_COUNTER": str(tmp_path / "starts"), "STARTS_THAT_WORK": str(starts_that_work)}
+           "START_COUNTER": str(tmp_path / "starts"), "STARTS_THAT_WORK": str(starts_that_work), **env_extra}
     out = tmp_path / "run"
     proc = subprocess.run(spark_bench_cmd("run", "--op", "fault.scale", "--quick", "--out", out, "--no-report", *args),
                           env=env, capture_output=True, text=True, timeout=900)
@@ -262,6 +266,31 @@ def test_workers_that_cannot_start_stop_the_run_in_one_line(tmp_path, fault_env,
     assert _lines(out / "results.jsonl") == []
     log = line.split("(log: ")[1].split(")")[0]
     assert "ValueError: simulated start-up failure on cpu" in open(log).read()  # the traceback, kept with the run
+
+
+def test_a_hung_start_up_is_announced_and_bounded_by_its_timeout(tmp_path, fault_env):
+    """A worker that never answers at start-up: the wait is said on stderr while it lasts (CI logs showed nothing
+    for 2 x 300 s), SPARK_BENCH_STARTUP_TIMEOUT bounds it, and the run stops naming the slot and the timeout."""
+    proc, out = _run_with_failing_starts(tmp_path, fault_env, 0, "--backend", "good", HANG_AT_START="1",
+                                         SPARK_BENCH_STARTUP_TIMEOUT="6")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    waits = [line for line in lines if line.startswith("spark-bench: waiting for the worker on cpu to start (")]
+    assert len(waits) == 2 and all(" s of 6 s; its log: " in line for line in waits), lines  # once per start-up
+    assert lines[-1].startswith("spark-bench: error: workers cannot start on cpu: died during start-up (hung: no "
+                                "answer within 6 s)"), lines[-1]
+    assert _lines(out / "results.jsonl") == []
+
+
+@pytest.mark.parametrize("name,value", [("SPARK_BENCH_STARTUP_TIMEOUT", "soon"), ("SPARK_BENCH_TIMEOUT", "-1"),
+                                        ("SPARK_BENCH_TIMEOUT", "inf")])
+def test_a_bad_timeout_variable_is_one_line(tmp_path, fault_env, name, value):
+    proc = subprocess.run(spark_bench_cmd("run", "--op", "fault.scale", "--backend", "good", "--quick", "--out",
+                                          tmp_path / "run", "--no-report"), env={**fault_env, name: value},
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"spark-bench: error: {name}={value!r} is not a positive number of seconds"), proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_workers_that_stop_starting_mid_run_stop_it_too(tmp_path, fault_env):

@@ -13,6 +13,7 @@ import atexit
 import os
 import queue
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -28,6 +29,7 @@ from spark_bench.executors.worker_process import (
     log_size,
     log_tail,
     signal_name,
+    startup_timeout,
 )
 from spark_bench.sweep import Case
 
@@ -46,6 +48,13 @@ class WorkerSlot:
         self.last_case: str | None = None  # the case the current worker process ran last
         self.stopping = False  # the sweep is ending (interrupted): no worker is started any more
         self.start_failures: list[str] = []  # start-ups that failed before this case's worker started (its record)
+        self.startup_timeout = startup_timeout()  # read here, on the run's thread: a bad value is a usage error
+
+    def _waiting(self, waited: float) -> None:
+        """A start-up taking long is said on stderr (the progress display and CI logs would otherwise be silent)."""
+        print(f"spark-bench: waiting for the worker on {self.slot.label} to start ({waited:.0f} s of "
+              f"{self.startup_timeout:g} s; its log: {self.worker.log_path if self.worker else '?'})",
+              file=sys.stderr, flush=True)
 
     def _worker(self) -> Worker:
         """This slot's worker, started when it has none alive. A worker that dies (or hangs) before it is ready is
@@ -62,7 +71,7 @@ class WorkerSlot:
             self.worker = early or Worker(self.slot.device, self.log_dir, dict(self.slot.env), self.slot.label)
             self.last_case = None
             try:
-                self.worker.wait_ready()
+                self.worker.wait_ready(self.startup_timeout, self._waiting)
             except WorkerStartError as exc:
                 log = self.worker.log_path
                 self.retire()
@@ -70,7 +79,7 @@ class WorkerSlot:
                     raise RuntimeError("the sweep is stopping") from None
                 self.start_failures.append(str(exc).splitlines()[0])
                 if attempt == GIVE_UP_AFTER_STARTS:
-                    raise WorkersCannotStart.after(self.slot.device, exc, log) from None
+                    raise WorkersCannotStart.after(self.slot.label, exc, log) from None
                 continue
             if early is not None:
                 self.worker.move_log(self.log_dir)

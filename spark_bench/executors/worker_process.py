@@ -8,13 +8,39 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from pathlib import Path
 
-STARTUP_TIMEOUT_S = 300.0
+STARTUP_TIMEOUT_S = 300.0  # the default; SPARK_BENCH_STARTUP_TIMEOUT overrides it (startup_timeout)
+STARTUP_NOTICE_S = 30.0  # a start-up that takes longer is announced (on stderr) this often
 EXIT_POLL_S = 0.25  # how often a waiting parent checks the worker's exit status
 _SPAWN_LOCK = threading.Lock()  # the worker's environment is the parent's at spawn time
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment variable `name`, else `default`; anything else is a
+    UsageError naming the variable (one line, exit code 2 from the CLI)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return float(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        from spark_bench.sweep import UsageError
+
+        raise UsageError(f"{name}={raw!r} is not a positive number of seconds")
+    return value
+
+
+def startup_timeout() -> float:
+    """How long a worker may take to start (import torch and the plugins, open the device) before it counts as
+    hung: SPARK_BENCH_STARTUP_TIMEOUT seconds, else STARTUP_TIMEOUT_S. The run stops after GIVE_UP_AFTER_STARTS
+    failed start-ups in a row, so a hung device costs about twice this."""
+    return env_seconds("SPARK_BENCH_STARTUP_TIMEOUT", STARTUP_TIMEOUT_S)
 
 
 class WorkerStartError(RuntimeError):
@@ -96,13 +122,23 @@ class Worker:
             if not self.conn.closed:
                 self.conn.close()
 
-    def wait_ready(self) -> None:
-        msg = self.receive(STARTUP_TIMEOUT_S)
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S,
+                   notice: Callable[[float], None] = lambda waited: None) -> None:
+        """Wait for the worker's 'ready'; `notice(seconds waited)` is called after min(STARTUP_NOTICE_S, timeout / 2)
+        without an answer and every STARTUP_NOTICE_S after that."""
+        started = time.monotonic()
+        step = min(STARTUP_NOTICE_S, timeout / 2)
+        while (msg := self.receive(min(step, timeout - (time.monotonic() - started)))) is None:
+            waited = time.monotonic() - started
+            if waited >= timeout:
+                break
+            notice(waited)
+            step = STARTUP_NOTICE_S
         if msg is None or msg[0] != "ready":
             detail = log_tail(self.log_path)
             self.kill()
             if msg is None:
-                why = f"hung: no answer within {STARTUP_TIMEOUT_S:g} s"
+                why = f"hung: no answer within {timeout:g} s"
             elif msg[0] == "dead":
                 why = (f"killed by {signal_name(msg[1])}" if msg[1] is not None and msg[1] < 0
                        else f"exit code {msg[1]}")

@@ -24,6 +24,9 @@ exec > >(tee -a "$LOG") 2>&1
 export PYTHONUNBUFFERED=1
 TARGETS_BUDGET_S=${TARGETS_BUDGET_S:-150}  # the steps' limits add up to ~535 s with the installs
 SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-20}
+# a worker start-up (torch, the plugins, the CUDA context) that hangs is announced after 22 s and given up after 45 s,
+# not the default 300 s, which would eat a step's whole limit without a word
+export SPARK_BENCH_STARTUP_TIMEOUT=${SPARK_BENCH_STARTUP_TIMEOUT:-45}
 # One Triton cache for every step: a precompiled one carried as .triton-cache.tar.xz (made with the device's Triton
 # version, see docs/kernels.md) is unpacked into it when present; the entries counted before and after each step
 # say whether the device's JIT found them (its cache keys include the Triton and ptxas versions).
