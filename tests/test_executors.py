@@ -328,7 +328,7 @@ def test_a_start_the_sweeps_end_killed_is_no_failure_and_starts_no_other(tmp_pat
             made.append(self)
             self.log_path = tmp_path / "worker.log"
 
-        def wait_ready(self):
+        def wait_ready(self, timeout, notice):
             slot.stopping = True  # the interrupt arrives while it starts
             raise WorkerStartError("worker died during start-up (killed by SIGKILL)")
 
