@@ -60,6 +60,14 @@ def round_bf16(x, ROUND: tl.constexpr):
     return x
 
 
+@triton.jit
+def live_rows(mask, slot):
+    """`mask` where the pool slot is live (slot >= 0) and nowhere for a padding row (slot < 0: vLLM's PAD_SLOT_ID).
+    The scalar test goes through an integer tile of mask's shape: triton 3.9's interpreter refuses a load mask made
+    by `&` with a scalar bool ("mask has unsupported dtype")."""
+    return mask & ((mask.to(tl.int64) * 0 + slot) >= 0)
+
+
 MAX_GRID_YZ = 65535  # CUDA's cap on grid dimensions 1 and 2 (dimension 0 takes 2^31 - 1)
 
 

@@ -1,5 +1,6 @@
 """One decode step of a KDA block between its projections, in two launches (the unfused path takes three: the conv
-update, the recurrent core, the gated norm).
+update, the recurrent core, the gated norm). A negative slot is a padding row (recurrent_decode.py): neither pool is
+read or written there and its o and y are zero.
 
   1. `_conv_recurrent_decode`, grid (V/BV, H, N): for sequence n and head h, the causal conv of the head's q, k
      (all K channels) and v (BV channels) from the conv state pool and the new token, SiLU, the q/k L2 norm, the gate
@@ -21,7 +22,7 @@ job.
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET, next_pow2, widen
+from spark_bench.kernels.common import INTERPRET, live_rows, next_pow2, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_output_dtype
 from spark_bench.kernels.kda.recurrent_decode import decode_grid, delta_step, state_tile
@@ -42,10 +43,10 @@ NORM_CONFIGS = declare(ConfigSpace(
 
 @triton.jit
 def _conv_channels(x, pool, weight, slot, i_n, ch, m_ch, D, W: tl.constexpr, BW: tl.constexpr):
-    """SiLU(causal conv) of channels `ch` of sequence i_n: the W-1 earlier inputs from the pool row of `slot`, the
-    new one from x [N, D]; fp32."""
+    """SiLU(causal conv) of channels `ch` of sequence i_n: the W-1 earlier inputs from the pool row of `slot` (none
+    for a padding row, slot < 0), the new one from x [N, D]; fp32."""
     o_c = tl.arange(0, BW)
-    m_w = m_ch[:, None] & (o_c < W - 1)[None, :]
+    m_w = live_rows(m_ch[:, None] & (o_c < W - 1)[None, :], slot)
     cols = tl.load(pool + (slot * D + ch[:, None]) * (W - 1) + o_c[None, :], mask=m_w, other=0.0).to(tl.float32)
     w_cols = tl.load(weight + ch[:, None] * W + o_c[None, :], mask=m_w, other=0.0).to(tl.float32)
     w_cur = tl.load(weight + ch * W + W - 1, mask=m_ch, other=0.0).to(tl.float32)
@@ -68,15 +69,16 @@ def _conv_recurrent_decode(qkv, conv_pool, conv_w, g, beta, A_log, dt_bias, o, s
                     i_h, o_k, m_k, K)
     b_beta = tl.sigmoid(tl.load(beta + i_n * H + i_h).to(tl.float32))
     S, b_o = delta_step(tl.load(state_pool + offs_s, mask=mask_s, other=0.0), b_q, b_k, b_v, b_g, b_beta, scale)
-    tl.store(o + (i_n * H + i_h) * V + o_v, to_output_dtype(b_o, o, INTERPRET), mask=m_v)
+    tl.store(o + (i_n * H + i_h) * V + o_v, to_output_dtype(tl.where(slot >= 0, b_o, 0.0), o, INTERPRET), mask=m_v)
     tl.store(state_pool + offs_s, S, mask=mask_s)
 
 
 @triton.jit
 def _shift_window(x, pool, slot, i_n, ch, m_ch, D, W: tl.constexpr, BW: tl.constexpr):
-    """pool[slot, ch, :] <- (pool[slot, ch, 1:], x[i_n, ch]): loaded once, shifted in registers, stored once."""
+    """pool[slot, ch, :] <- (pool[slot, ch, 1:], x[i_n, ch]): loaded once, shifted in registers, stored once;
+    nothing for a padding row (slot < 0)."""
     o_c = tl.arange(0, BW)
-    m_w = m_ch[:, None] & (o_c < W - 1)[None, :]
+    m_w = live_rows(m_ch[:, None] & (o_c < W - 1)[None, :], slot)
     p = pool + (slot * D + ch[:, None]) * (W - 1) + o_c[None, :]
     cols = tl.load(p, mask=m_w, other=0.0).to(tl.float32)
     take = (o_c[:, None] + 1) == o_c[None, :]  # [c, j]: column j moves to c

@@ -1,6 +1,8 @@
 """KDA decode core: 1-4 tokens per sequence on an fp32 state pool [S, H, K, V], updated in place at the slots
 `ssm_state_indices` [N]. One program per (sequence, head, BV columns): the state tile [K, BV] stays in registers
-for the sequence's T tokens and is written back once. Slots not indexed are never touched.
+for the sequence's T tokens and is written back once. Slots not indexed are never touched. A negative slot (vLLM's
+PAD_SLOT_ID = -1, the rows a CUDA-graph batch is padded with) is a padding row: no state is read or written and its
+outputs are zero (vLLM's kernels skip such rows; fla's and the torch backends do not check).
 
 Per token (fp32): S *= exp(g)[:, None]; u = beta * (v - k @ S); S += outer(k, u); o = (scale * q) @ S,
 with the q/k L2 norm, the gate and the beta sigmoid optionally fused (flags as in chunk_prep.py). q, k and v
@@ -11,7 +13,7 @@ output are not copied.
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET, ordered_grid, ordered_ids, widen
+from spark_bench.kernels.common import INTERPRET, live_rows, ordered_grid, ordered_ids, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.kda.chunk_prep import kda_decay, l2_normalize_rows, to_output_dtype
 
@@ -45,7 +47,8 @@ def decode_grid(N: int, H: int, v_blocks: int, meta: dict) -> tuple:
 def state_tile(slots, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                V_FASTEST: tl.constexpr):
     """The [K, BV] state tile of a program of grid (V/BV, H, N) when V_FASTEST, else (N, H, V/BV): (sequence,
-    head, its pool slot, K and V offsets and masks, the tile's offsets in a [S, H, K, V] pool and its mask)."""
+    head, its pool slot, K and V offsets and masks, the tile's offsets in a [S, H, K, V] pool and its mask, empty
+    for a padding row: slot < 0)."""
     i_v, i_n = ordered_ids(V_FASTEST, 2)
     i_n = i_n.to(tl.int64)
     i_h = tl.program_id(1)
@@ -55,7 +58,7 @@ def state_tile(slots, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.
     m_v = o_v < V
     slot = tl.load(slots + i_n).to(tl.int64)
     offs_s = ((slot * H + i_h) * K + o_k[:, None]) * V + o_v[None, :]
-    return i_n, i_h, slot, o_k, o_v, m_k, m_v, offs_s, m_k[:, None] & m_v[None, :]
+    return i_n, i_h, slot, o_k, o_v, m_k, m_v, offs_s, live_rows(m_k[:, None] & m_v[None, :], slot)
 
 
 @triton.jit
@@ -80,7 +83,8 @@ def _recurrent_decode(q, k, v, g, beta, A_log, dt_bias, o, pool, slots, scale, s
         row = (i_n * T + t) * H + i_h  # of the contiguous g, beta and o
         p_q = q + i_n * sq_n + t * sq_t + i_h * K + o_k
         p_k = k + i_n * sk_n + t * sk_t + i_h * K + o_k
-        b_q = l2_normalize_rows(tl.load(p_q, mask=m_k, other=0.0).to(tl.float32), L2NORM)
+        # a padding row reads q as 0, so its o is 0
+        b_q = l2_normalize_rows(tl.load(p_q, mask=live_rows(m_k, slot), other=0.0).to(tl.float32), L2NORM)
         b_k = l2_normalize_rows(tl.load(p_k, mask=m_k, other=0.0).to(tl.float32), L2NORM)
         b_g = tl.load(g + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
         if GATE:

@@ -13,7 +13,7 @@ Prefill: one program per BT tokens x BD channels finds each token's sequence by 
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import next_pow2, round_bf16, rounds_bf16, row_block, widen
+from spark_bench.kernels.common import live_rows, next_pow2, round_bf16, rounds_bf16, row_block, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 
 # BT x BD = 16 x 128 at 8 warps: 128 registers, no spills on sm_90a (32 x 128 at 4 warps spills: each of the W
@@ -142,14 +142,14 @@ def _short_conv_decode(x, pool, slots, weight, y, D, W: tl.constexpr, BD: tl.con
     o_d = i_d * BD + tl.arange(0, BD)
     o_c = tl.arange(0, BW)
     m_d = o_d < D
-    m_s = m_d[:, None] & (o_c < W - 1)[None, :]
+    m_s = live_rows(m_d[:, None] & (o_c < W - 1)[None, :], slot)  # slot < 0: a padding row, no state
     p_state = pool + (slot * D + o_d[:, None]) * (W - 1) + o_c[None, :]
     cols = tl.load(p_state, mask=m_s, other=0.0)
     w_cols = tl.load(weight + o_d[:, None] * W + o_c[None, :], mask=m_s, other=0.0).to(tl.float32)
     w_cur = tl.load(weight + o_d * W + W - 1, mask=m_d, other=0.0).to(tl.float32)
     xv = tl.load(x + i_n.to(tl.int64) * D + o_d, mask=m_d, other=0.0)
     acc = tl.sum(cols.to(tl.float32) * w_cols, 1) + xv.to(tl.float32) * w_cur
-    out = round_bf16(acc * tl.sigmoid(acc), ROUND)
+    out = tl.where(slot >= 0, round_bf16(acc * tl.sigmoid(acc), ROUND), 0.0)
     tl.store(y + i_n.to(tl.int64) * D + o_d, out.to(y.dtype.element_ty), mask=m_d)
     # shift the window left by one in registers and append the current token: new[:, c] = cols[:, c + 1]. Never
     # re-load what this kernel stores: lanes holding one 6-byte state row would race on the GPU.
@@ -167,7 +167,7 @@ def _short_conv_decode(x, pool, slots, weight, y, D, W: tl.constexpr, BD: tl.con
 def short_conv_decode(x: torch.Tensor, weight: torch.Tensor, conv_state_pool: torch.Tensor,
                       slots: torch.Tensor) -> torch.Tensor:
     """x [N, D], weight [D, W], pool [S, D, W-1] (updated in place, must be contiguous), slots [N] distinct
-    -> y [N, D]."""
+    -> y [N, D]. A negative slot (vLLM's PAD_SLOT_ID) is a padding row: its y is zero and no state is touched."""
     assert conv_state_pool.is_contiguous(), "the conv state pool is updated in place: it must be contiguous"
     x, weight, slots = x.contiguous(), weight.contiguous(), slots.contiguous()
     N, D = x.shape
