@@ -21,6 +21,7 @@ from spark_bench.options import (
     RESULTS_ROOT,
     SparkGroup,
     check_run_options,
+    parse_duration,
     refuse_sweep_options_with_resume,
     sweep_options,
     sweep_spec,
@@ -112,6 +113,9 @@ def env_cmd(as_json: bool, device: str | None) -> None:
                    "change; then `spark-bench compare BASE_RUN NEW_RUN`.")
 @click.option("--timeout", type=float, default=None, help="Seconds a case may spend in one phase before it is killed.")
 @click.option("--max-time", type=float, default=None, help="Timing budget per case, seconds.")
+@click.option("--budget", default=None, metavar="DURATION",
+              help="Start no new parameter point after this long (90s, 30m, 2h): the tables and report cover what "
+                   "ran, and `--resume` runs the rest.")
 @click.option("--min-samples", type=int, default=None, help="Minimum timed samples per case.")
 @click.option("--target-ci", type=float, default=None, help="Stop when the median's 95% CI is within this fraction.")
 @click.option("--no-flush", is_flag=True, help="Do not flush the cache before each timed call (warm-cache numbers).")
@@ -136,7 +140,7 @@ def env_cmd(as_json: bool, device: str | None) -> None:
                    "under results/tuned/ when there is one.")
 @weight_options
 def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resume, like, timeout, seed, max_time,
-            min_samples, target_ci, no_flush, timer, no_energy, no_report, executor_kind, devices, ray_address,
+            budget, min_samples, target_ci, no_flush, timer, no_energy, no_report, executor_kind, devices, ray_address,
             retries, dry_run, history_db, no_confirm_crashes, tuned, weights, layer, routing,
             activations) -> None:
     """Sweep ops x backends x shapes x dtypes: check each case against the reference, then time it."""
@@ -150,6 +154,7 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
     session = None
     check_run_options(timeout=timeout, max_time=max_time, min_samples=min_samples, target_ci=target_ci, quick=quick,
                       full=full)
+    budget_s = parse_duration("--budget", budget)
     if resume is not None and like is not None:
         raise UsageError("--resume finishes a run, --like starts a new one; pass one")
     if resume is not None:
@@ -196,7 +201,8 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
         executor.prestart(spec.device)  # the workers start up (torch, plugins) while this process finds the cases
         session = Session.create(spec, cfg, out, timeout, command=sys.argv, results_root=RESULTS_ROOT,
                                  own_pids=executor.own_pids(), roofline=roofline)
-    code = session.execute(report=not no_report, executor=executor, confirm_crashes=not no_confirm_crashes)
+    code = session.execute(report=not no_report, executor=executor, confirm_crashes=not no_confirm_crashes,
+                           budget_s=budget_s)
     if like is not None:
         click.echo(f"compare: spark-bench compare {like} {session.store.path}")
     if history_db is not None:

@@ -78,6 +78,22 @@ def check_run_options(*, timeout: float | None, max_time: float | None, min_samp
         raise UsageError(f"--target-ci is a fraction of the median below 1 (0.02 = 2%), not {target_ci}")
 
 
+def parse_duration(option: str, text: str | None) -> float | None:
+    """Seconds from '90', '90s', '30m', '1.5h' (None stays None); anything else is a UsageError."""
+    if text is None:
+        return None
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    raw = text.strip().lower()
+    number, scale = (raw[:-1], units[raw[-1]]) if raw[-1:] in units else (raw, 1.0)
+    try:
+        seconds = float(number) * scale
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < math.inf:
+        raise UsageError(f"{option} {text!r}: give a duration above zero, e.g. 90s, 30m or 2h")
+    return seconds
+
+
 def refuse_sweep_options_with_resume(ctx: Any, resume: Any, option: str = "--resume",
                                      allowed: tuple[str, ...] = ()) -> None:
     """`--resume DIR` (or `--like DIR`, which may name its own `allowed` options) runs the sweep stored in DIR:

@@ -32,7 +32,8 @@ class Runner:
                  n_sets: int = 4, on_phase: ProgressFn | None = None,
                  on_result: Callable[[Case, dict[str, Any]], None] | None = None,
                  decorate: Callable[[dict[str, Any]], None] | None = None,
-                 executor: Executor | None = None, energy: bool | None = None, confirm_crashes: bool = True) -> None:
+                 executor: Executor | None = None, energy: bool | None = None, confirm_crashes: bool = True,
+                 deadline: float | None = None) -> None:
         self.store, self.cfg, self.timeout_s, self.device, self.n_sets = store, cfg, timeout_s, device, n_sets
         self.on_phase = on_phase or (lambda case, phase: None)
         self.on_result = on_result or (lambda case, record: None)
@@ -42,6 +43,7 @@ class Runner:
             energy = device.startswith("cuda") and os.environ.get(ENERGY_ENV, "1") != "0"
         self.energy = energy  # power-safe scheduling: one running case per board while energy is measured
         self.confirm_crashes = confirm_crashes
+        self.deadline = deadline  # time.monotonic() after which no new parameter point starts (`run --budget`)
 
     def run(self, cases: Sequence[Case]) -> list[dict[str, Any]]:
         """Run every case not yet in the journal; returns the records of this invocation (in finishing order)."""
@@ -69,7 +71,7 @@ class Runner:
         runnable = [c for c in todo if not c.skip]
         if runnable:
             ctx = RunContext(self.device, self.cfg, self.timeout_s, self.n_sets, self.store.path / "logs", self.energy,
-                             self.confirm_crashes)
+                             self.confirm_crashes, self.deadline)
             self.executor.run(runnable, ctx, Sink(phase=self.on_phase, result=journal))
         return records
 
@@ -88,3 +90,16 @@ def pending(store: results.RunStore, cases: Sequence[Case]) -> list[Case]:
 def default_timeout(device: str) -> float:
     """Per-phase timeout: generous on CPU, where Triton runs interpreted."""
     return env_seconds("SPARK_BENCH_TIMEOUT", 600 if device.startswith("cpu") else 300)
+
+
+def budget_left_note(run: dict[str, Any], store: results.RunStore, cases: Sequence[Case], budget_s: float | None,
+                     ) -> str | None:
+    """After `run --budget`: records in run.json how many cases the budget left (`stopped_by_budget`, cleared once a
+    later invocation runs them all) and returns the line that says so, or None when nothing is left."""
+    left = [c for c in pending(store, cases) if not c.skip]
+    run.pop("stopped_by_budget", None)
+    if not left or not budget_s:
+        return None
+    run["stopped_by_budget"] = {"budget_s": budget_s, "cases_left": len(left)}
+    return (f"budget of {budget_s:g} s reached: {len(cases) - len(left)} of {len(cases)} cases are in {store.path} "
+            f"(the points begun were finished); `spark-bench run --resume {store.path}` runs the other {len(left)}")

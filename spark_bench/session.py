@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,7 @@ def estimate_note(expected: dict[str, float], sources: collections.Counter[str])
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM during a sweep, raised as an interrupt so that the run stops as on Ctrl-C (workers retired, the
-    journal kept) and says so; exit code 143."""
+    """SIGTERM during a sweep, raised as an interrupt: the run stops as on Ctrl-C and says so; exit code 143."""
 
 
 @contextlib.contextmanager
@@ -320,13 +320,15 @@ class Session:
         store.repair_tail()
         return cls(store, spec, cfg, timeout_s, cls._cases(spec))
 
-    def execute(self, report: bool = True, executor: Any = None, confirm_crashes: bool = True) -> int:
-        """Run what is left (on `executor`, default: local worker processes); print the tables; write the report.
+    def execute(self, report: bool = True, executor: Any = None, confirm_crashes: bool = True,
+                budget_s: float | None = None) -> int:
+        """Run what is left (on `executor`, default: local worker processes; no new parameter point after `budget_s`
+        seconds); print the tables; write the report.
         Exit code: 0 all passed, 1 any case failed. A full disk raises DiskFullError (one line, exit 2), workers that
         cannot start WorkersCannotStart (one line, exit 1), each saying what is kept and how to resume."""
         try:
             with interrupt_says_what_is_kept(self.store, len(self.cases), "spark-bench run --resume"):
-                return self._execute(report, executor, confirm_crashes)
+                return self._execute(report, executor, confirm_crashes, budget_s)
         except results.DiskFullError as exc:
             raise results.DiskFullError(
                 f"{exc}: {kept(self.store)} of {len(self.cases)} cases are kept in {self.store.path}; free some "
@@ -336,10 +338,10 @@ class Session:
                                      f"{self.store.path}: fix it, then `spark-bench run --resume {self.store.path}`"
                                      ) from None
 
-    def _execute(self, report: bool, executor: Any, confirm_crashes: bool) -> int:
+    def _execute(self, report: bool, executor: Any, confirm_crashes: bool, budget_s: float | None) -> int:
         from spark_bench.console import SweepProgress
         from spark_bench.executors.plan import to_run_text
-        from spark_bench.runner import pending
+        from spark_bench.runner import budget_left_note, pending
 
         out = console()
         todo = pending(self.store, self.cases)
@@ -353,16 +355,18 @@ class Session:
         labels = weight_labels(todo, self.spec)
         slots = getattr(executor, "slots", None) or [None]
         timeline = PhaseTimeline(tele, one_device=getattr(executor, "name", "local") != "ray" and len(slots) == 1)
+        deadline = time.monotonic() + budget_s if budget_s else None
         with SweepProgress(len(todo), out, expected=expected) as progress, timeline:
             roofline = self.store.read_run().get("roofline")
             Runner(self.store, self.cfg, timeout_s=self.timeout_s, device=self.spec.device,
                    on_phase=timeline.wrap(progress.phase), on_result=progress.result, executor=executor,
                    decorate=lambda record: (add_weights(record, labels), add_roofline(record, roofline),
                                             timeline.annotate(record)),
-                   confirm_crashes=confirm_crashes).run(todo)
+                   confirm_crashes=confirm_crashes, deadline=deadline).run(todo)
         records = self.store.read_results()
         summary = results.summarize_statuses(records)
         run = self.store.read_run()
+        budget_note = budget_left_note(run, self.store, self.cases, budget_s)
         if todo or run.get("finished") is None:  # resuming a finished run changes nothing: it keeps its end time
             run.update(finished=results.now(), summary=summary)
             self.store.write_run(run)
@@ -372,6 +376,8 @@ class Session:
             out.print(fails)
         out.print(summary_line(summary))
         out.print(f"results: {self.store.path}", markup=False, soft_wrap=True)
+        if budget_note:
+            out.print(budget_note, markup=False, soft_wrap=True)
         if report:
             self._report(out)  # the report's path is printed last
         return 1 if any(summary[s] for s in results.FAILED) else 0

@@ -340,3 +340,20 @@ def test_a_start_the_sweeps_end_killed_is_no_failure_and_starts_no_other(tmp_pat
     with pytest.raises(RuntimeError, match="the sweep is stopping"):
         slot._worker()
     assert len(made) == 1 and slot.start_failures == []
+
+
+def test_pending_past_its_deadline_finishes_the_points_begun_and_starts_none():
+    from spark_bench.executors.base import Pending
+    from spark_bench.sweep import Case
+
+    cases = [Case(op="o", backend=b, params={"n": n}, dtype="fp32", device="cpu", seed=0)
+             for n in (1, 2) for b in ("x", "y")]
+    pending = Pending(cases, deadline=time.monotonic() + 3600)
+    first = pending.next("w1")
+    assert first.params == {"n": 1} and pending
+    pending.deadline = time.monotonic() - 1  # the budget runs out mid-point
+    assert pending.next("w2") is None  # no new point for another worker
+    rest = pending.next("w1")
+    assert rest.params == {"n": 1} and rest.backend != first.backend  # the point begun finishes
+    assert pending.next("w1") is None and not pending  # and then nothing: point n=2 is left
+    assert [c.params for c in pending.groups[0]] == [{"n": 2}, {"n": 2}]

@@ -151,3 +151,31 @@ def test_like_keeps_each_cases_timer_from_the_base(tmp_path, monkeypatch):
     kept = json.loads((new / "run.json").read_text())["spec"]["timers"]
     assert kept == {records[0]["case_id"]: "graph:37", records[1]["case_id"]: "events"}
     assert sorted(modes.values()) == [("events", None), ("graph", 37)]  # each case timed with its base's timer
+
+
+def test_budget_stops_new_points_reports_what_ran_and_resume_finishes(tmp_path, fault_env):
+    """`run --budget`: no parameter point starts after it (the one begun finishes, its backends together), the run
+    ends as usual (tables, report, exit 0) with a line naming the cases left and the --resume that runs them;
+    run.json and the report say how many were left, until a later invocation runs them."""
+    out = tmp_path / "run"
+    env = {**fault_env, "FAULT_SLOW_S": "0.3"}  # >= 0.6 s per slow case: 12 points cannot all run in 3 s
+    first = subprocess.run(spark_bench_cmd("run", *SWEEP, "--out", out, "--budget", "3s"), env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    points: dict = {}
+    for r in records:
+        points.setdefault(json.dumps(r["params"], sort_keys=True), set()).add(r["backend"])
+    assert all(backends == {"good", "slow"} for backends in points.values())  # no point left half-measured
+    left = 24 - len(records)
+    assert left > 0 and json.loads((out / "run.json").read_text())["stopped_by_budget"] == {
+        "budget_s": 3.0, "cases_left": left}
+    assert (f"budget of 3 s reached: {len(records)} of 24 cases are in {out} (the points begun were finished); "
+            f"`spark-bench run --resume {out}` runs the other {left}") in " ".join(first.stdout.split())
+    assert f"budget left {left}" in (out / "report.html").read_text()
+
+    done = subprocess.run(spark_bench_cmd("run", "--resume", out, "--budget", "1h", "--no-report"), env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "budget of" not in done.stdout, done.stdout + done.stderr
+    assert len(set(_case_ids(out / "results.jsonl"))) == 24
+    assert "stopped_by_budget" not in json.loads((out / "run.json").read_text())

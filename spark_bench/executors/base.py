@@ -18,6 +18,7 @@ import dataclasses
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ class RunContext:
     log_dir: Path | None = None
     energy: bool = False  # power-safe scheduling: one running case per board
     confirm_crashes: bool = True  # re-run a crashed case in a fresh worker before recording the crash
+    deadline: float | None = None  # time.monotonic() after which no new parameter point starts (`run --budget`)
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "cfg": self.cfg.to_dict(), "timeout_s": self.timeout_s, "n_sets": self.n_sets,
@@ -202,21 +204,26 @@ class Pending:
     """Cases waiting to run, handed out a parameter point at a time: the backends of one point run back to back on
     one worker (which reuses the point's inputs and reference output) and are compared on the same GPU."""
 
-    def __init__(self, cases: Sequence[Case]) -> None:
+    def __init__(self, cases: Sequence[Case], deadline: float | None = None) -> None:
         groups: dict[str, collections.deque[Case]] = {}
         for case in cases:
             groups.setdefault(case.group, collections.deque()).append(case)
         self.groups = collections.deque(groups.values())
         self.own: dict[Any, collections.deque[Case]] = {}  # worker key -> the rest of the point it is running
+        self.deadline = deadline  # past it no new point starts; the points begun finish (their backends compare)
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
 
     def __bool__(self) -> bool:
-        return bool(self.groups) or any(self.own.values())
+        return (bool(self.groups) and not self.expired()) or any(self.own.values())
 
     def next(self, key: Any) -> Case | None:
-        """The next case for worker `key`: the rest of its point first, else a new point; None when neither."""
+        """The next case for worker `key`: the rest of its point first, else a new point (none past the deadline);
+        None when neither."""
         own = self.own.get(key)
         if not own:
-            if not self.groups:
+            if not self.groups or self.expired():
                 return None
             own = self.own[key] = self.groups.popleft()
         return own.popleft()
@@ -235,8 +242,8 @@ class Pending:
 class CaseQueue:
     """Hands cases to slot threads under the scheduling rule; thread-safe."""
 
-    def __init__(self, cases: Sequence[Case], retries: int, energy: bool) -> None:
-        self.pending = Pending(cases)
+    def __init__(self, cases: Sequence[Case], retries: int, energy: bool, deadline: float | None = None) -> None:
+        self.pending = Pending(cases, deadline)
         self.attempts = Attempts(retries)
         self.energy = energy
         self.busy_gpus: collections.Counter[str] = collections.Counter()

@@ -31,7 +31,11 @@ class InProcessExecutor(Executor):
         slot = Slot("inprocess", ctx.device, index=int(index) if index.isdigit() else None)
         by_id = {c.case_id: c for c in cases}
         runner = CaseRunner(self.registry, phase=lambda case_id, phase: sink.phase(by_id[case_id], phase))
+        last_point = None
         for case in cases:
+            if case.group != last_point and ctx.deadline is not None and time.monotonic() >= ctx.deadline:
+                break  # `run --budget`: no new parameter point
+            last_point = case.group
             sink.phase(case, "start")
             t0 = time.monotonic()
             record = stamp(runner.run(case, ctx.cfg, ctx.n_sets), slot)

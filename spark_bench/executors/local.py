@@ -235,7 +235,7 @@ class LocalExecutor(Executor):
     def run(self, cases: Sequence[Case], ctx: RunContext, sink: Sink) -> None:
         slots = self.slots or parse_devices(None, ctx.device)
         log_dir = ctx.log_dir or Path("logs")
-        work = CaseQueue(cases, self.retries, ctx.energy)
+        work = CaseQueue(cases, self.retries, ctx.energy, ctx.deadline)
         events: queue.Queue = queue.Queue()
         early, self.early = (self.early if self.early_device == ctx.device else {}), {}
         runners = [WorkerSlot(slot, ctx, log_dir, early.pop(slot.label, None)) for slot in slots]

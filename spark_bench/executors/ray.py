@@ -177,7 +177,7 @@ class _Sweep:
             return {}
 
     def run(self, cases: Sequence[Case]) -> None:
-        self.pending = Pending(cases)
+        self.pending = Pending(cases, self.ctx.deadline)
         for _ in range(min(self.n_actors, len(self.pending.groups))):
             self.spawn()
         try:

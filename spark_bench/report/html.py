@@ -102,7 +102,7 @@ def environment(runs: Sequence[RunData]) -> str:
         return "; ".join(p for p in parts if p)
 
     def summary(r: RunData) -> Markup:
-        s = r.run.get("summary") or {}
+        s = {**(r.run.get("summary") or {}), "budget left": (r.run.get("stopped_by_budget") or {}).get("cases_left")}
         bad = ("mismatch", "error", "crash", "timeout", "oom")
         return Markup(" ".join(f'<span class="pill{" bad" if k in bad else ""}">{esc(k)} {esc(n)}</span>'
                                for k, n in s.items() if n))
