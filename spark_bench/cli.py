@@ -186,7 +186,7 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
 
         cases = session.cases if session else Session._cases(spec)
         print_plan(cases, pending(session.store, cases) if session else cases, executor.describe(),
-                   executor.slots_count(), RESULTS_ROOT, echo=click.echo)
+                   executor.slots_count(), RESULTS_ROOT, echo=click.echo, budget_s=budget_s)
         sys.exit(0)
     if history_db is not None:  # a foreign or corrupt database fails now, not after the sweep
         from spark_bench.history import add_runs, connect

@@ -197,6 +197,11 @@ def test_dry_run_estimates_from_stored_results(tmp_path, monkeypatch, fault_proc
     # 2 + 2 + 7 + 7 + 5 + 5 = 28 s of case time, 14 s on two workers
     assert "estimate: 28.0s of case time" in out and "on 2 workers: 14.0s" in out
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["old"]  # nothing ran, no run directory
+    listed = [float(line.rsplit("~", 1)[1].split("s")[0]) for line in out.splitlines()
+              if line.startswith("  fault.scale") and "~" in line]
+    fits = sum(sum(listed[:i + 1]) / 2 <= 8 for i in range(len(listed)))  # the cases ending within 8 s on 2 workers
+    budgeted = CliRunner().invoke(cli.main, [*args, "--budget", "8s"]).output
+    assert 0 < fits < 6 and f"--budget 8.0s: about {fits} of 6 cases fit by these estimates" in budgeted
     # the run itself says the same estimate in its first line: 2 + 2 s for the good backend's two cases
     result = CliRunner().invoke(cli.main, ["run", "--op", "fault.scale", "--backend", "good", "--backend",
                                            "unavailable", "--device", "cpu", "--quick", "--no-report", "--out",

@@ -138,14 +138,16 @@ def to_run_text(todo: Sequence[Case]) -> str:
 
 
 def print_plan(cases: Sequence[Case], todo: Sequence[Case], executor_text: str, workers: int | None,
-               results_root: Path, echo=print) -> float:
-    """Print the cases to run with their estimates and the total; returns the estimated wall seconds."""
+               results_root: Path, echo=print, budget_s: float | None = None) -> float:
+    """Print the cases to run with their estimates and the total (and, with `budget_s`, how many fit in it);
+    returns the estimated wall seconds."""
     stored = stored_durations(results_root)
     device = cases[0].device if cases else "?"
     echo(f"spark-bench dry run: {len(cases)} cases on {device}, {to_run_text(todo)}, executor {executor_text}")
     sources: collections.Counter[str] = collections.Counter()
     per_op: dict[str, list[float]] = {}  # op -> [cases to run, skipped, seconds]
     total = 0.0
+    ends: list[float] = []  # the estimated case time when each case to run ends, in sweep order
     interpreted = 0
     for case in todo:
         nbytes = None if case.skip else interpreted_bytes(case)
@@ -153,6 +155,8 @@ def print_plan(cases: Sequence[Case], todo: Sequence[Case], executor_text: str, 
         seconds, source = estimate(case, stored, nbytes)
         sources[source.partition(":")[0]] += 1
         total += seconds
+        if not case.skip:
+            ends.append(total)
         row = per_op.setdefault(case.op, [0, 0, 0.0])
         row[1 if case.skip else 0] += 1
         row[2] += seconds
@@ -178,4 +182,8 @@ def print_plan(cases: Sequence[Case], todo: Sequence[Case], executor_text: str, 
         echo(f"estimated wall time on {workers} workers: {fmt_duration(wall)}")
     elif workers is None:
         echo("estimated wall time: the case time divided by the number of GPUs of the Ray cluster")
+    if budget_s is not None:
+        fit = sum(end / (workers or 1) <= budget_s for end in ends)
+        echo(f"--budget {fmt_duration(budget_s)}: about {fit} of {len(ends)} cases fit by these estimates (in the "
+             "order listed; a point begun is finished)")
     return wall
