@@ -43,6 +43,28 @@ def test_a_read_one_past_the_end_is_caught_and_masked_addresses_are_not(n):
     assert f"0 bytes past the end of `x` ({4 * n} bytes)" in str(cause)
 
 
+def adjacent(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two fp32 tensors of n elements whose storages touch: the second starts where the first ends."""
+    buffer = torch.empty(8 * n, dtype=torch.uint8).untyped_storage()
+    return tuple(torch.empty(0).set_(buffer[i * 4 * n:(i + 1) * 4 * n], 0, (n,), (1,)) for i in (0, 1))
+
+
+def test_a_read_that_lands_in_the_next_arguments_storage_is_caught():
+    """The CPU allocator can place one argument right after another: a read past the end of `x` then lands in `y`.
+    Each storage is copied between guard zones for the launch, so it is still out of bounds; what the kernel wrote
+    comes back to the caller's tensors."""
+    x, y = adjacent(100)
+    x.copy_(torch.arange(100.0))
+    assert x.untyped_storage().data_ptr() + 400 == y.untyped_storage().data_ptr()
+    with memcheck():
+        _copy[(2,)](x, y, 100, EXTRA=0, BLOCK=64)
+        assert torch.equal(x, y)
+        with pytest.raises(Exception) as info:
+            _copy[(2,)](x, y, 100, EXTRA=28, BLOCK=64)  # lanes 100..127 of x: y's first 112 bytes
+    assert "_copy program (1, 0, 0): load of 28 of 64 elements out of bounds; the first 0 bytes past the end of `x`" \
+        in str(out_of_bounds_in(info.value))
+
+
 def test_an_atomic_past_the_end_is_caught():
     counter = torch.zeros(4, dtype=torch.int32)
     with memcheck():
@@ -145,3 +167,32 @@ def test_an_edge_sampled_router_leaves_its_tickets_clean_for_later_calls():
     with memcheck(TARGETS["sm_90a"], programs=edge_programs):
         op.backends["triton"].fn(**op.make_inputs(params, device="cpu", dtype="bf16", seed=0))
     assert triton_matches_torch()
+
+
+def test_candidates_are_checked_one_kernel_at_a_time_and_a_bad_one_is_named():
+    """`memcheck --candidates`: the call again with each declared candidate of each kernel it launched; a candidate
+    that reads past the end (EXTRA=64 here) is reported with its kernel and config, though the default is clean."""
+    from spark_bench import Axis, Cost, Op, Tolerance
+    from spark_bench.kernelgate.memcheck_cli import check_case
+    from spark_bench.kernelgate.targets import TARGETS
+    from spark_bench.sweep import Case
+    from spark_bench.tune import ConfigSpace, declare, split
+
+    space = declare(ConfigSpace("test_memcheck._copy", key=("n",), default={"EXTRA": 0, "BLOCK": 64},
+                                candidates=[{"EXTRA": 0, "BLOCK": 32}, {"EXTRA": 64, "BLOCK": 64}]))
+
+    def copy(x):
+        y = torch.empty_like(x)
+        meta, options = split(space.pick(n=x.numel()))
+        _copy[(triton.cdiv(x.numel(), meta["BLOCK"]),)](x, y, x.numel(), **meta, **options)
+        return y
+
+    op = Op(name="test.copy", make_inputs_fn=lambda p, *, device, dtype, seed: {"x": adjacent(p["n"])[0]},
+            reference=lambda x: x, cost=lambda p, dtype: Cost(bytes=8 * p["n"]), axes=[Axis("n", [128])],
+            dtypes=["fp32"], tolerance={"fp32": Tolerance(1e-6)})
+    op.backend("triton")(copy)
+    case = Case("test.copy", "triton", {"n": 100}, "fp32", "cpu", 0)
+    assert check_case(op, op.backends["triton"], case, TARGETS["sm_90a"], False) == ("ok", "1 launches")
+    status, detail = check_case(op, op.backends["triton"], case, TARGETS["sm_90a"], False, candidates=True)
+    assert status == "out-of-bounds", detail
+    assert detail.startswith("test_memcheck._copy candidate BLOCK=64,EXTRA=64: _copy program (1, 0, 0): load"), detail

@@ -16,12 +16,15 @@ fault here. `spark-bench memcheck` (memcheck_cli.py) runs it over the sweep's po
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
+import torch
 
 _state = threading.local()  # the launch being interpreted: (kernel, [(lo, hi, arg)], los, his, () -> program id)
 
@@ -47,6 +50,43 @@ def _tensors(name: str, arg) -> list[tuple[str, object]]:
         return [t for i, a in enumerate(arg) for t in _tensors(f"{name}[{i}]", a)]
     base = getattr(arg, "base", None)
     return _tensors(f"{name}.base", base) if base is not None and hasattr(base, "untyped_storage") else []
+
+
+GUARD_BYTES = 1 << 16  # unmapped-to-any-argument bytes on each side of every argument's storage during a launch
+
+
+def guarded(args: list, keep: list) -> list:
+    """The launch's host arguments with every tensor's storage copied into the middle of a buffer GUARD_BYTES larger
+    on each side (views of one storage stay views of one copy; `keep` holds the buffers). Without it, a read past the
+    end of one argument that lands in the next allocation (the CPU allocator packs them) passed as in bounds. The
+    interpreter copies each host storage back into the caller's after the launch (`_restore_args_dev`)."""
+    from triton.runtime import interpreter
+
+    copies: dict[int, Any] = {}
+
+    def one(arg):
+        if isinstance(arg, tuple):
+            return type(arg)(*map(one, arg)) if hasattr(arg, "_fields") else tuple(map(one, arg))
+        if not hasattr(arg, "untyped_storage"):
+            base = getattr(arg, "base", None)
+            if base is not None and hasattr(base, "untyped_storage"):  # a host TensorDescriptor
+                return dataclasses.replace(arg, base=one(base)) if dataclasses.is_dataclass(arg) else arg
+            return arg
+        tensor = interpreter._unwrap_tensor(arg)
+        storage = tensor.untyped_storage()
+        if storage.nbytes() == 0:
+            return arg
+        if storage.data_ptr() not in copies:
+            buffer = torch.empty(storage.nbytes() + 2 * GUARD_BYTES, dtype=torch.uint8)
+            keep.append(buffer)
+            copy = buffer.untyped_storage()[GUARD_BYTES:GUARD_BYTES + storage.nbytes()]
+            copy.copy_(storage)
+            copies[storage.data_ptr()] = copy
+        moved = tensor.new_empty(0).set_(copies[storage.data_ptr()], tensor.storage_offset(), tensor.size(),
+                                         tensor.stride())
+        return interpreter._rewrap_tensor(moved, original_tensor=arg)
+
+    return [one(a) for a in args]
 
 
 def _ranges(names: list[str], args: list) -> list[tuple[int, int, str]]:
@@ -124,8 +164,11 @@ def memcheck(target=None, programs=None, on_launch=None) -> Iterator[dict[str, i
     def on_access(kind: str, ptrs, mask, size: int) -> None:
         check(kind, ptrs.data, mask, size)
 
-    def init_args(self, args_dev, kwargs):  # the host copies the kernel's pointers point into
+    def init_args(self, args_dev, kwargs):  # the host copies the kernel's pointers point into, guarded
         args_hst, kwargs_hst = saved_init(self, args_dev, kwargs)
+        _state.buffers = []  # the guarded copies live until the next launch of this thread
+        moved = guarded([*args_hst, *kwargs_hst.values()], _state.buffers)
+        args_hst, kwargs_hst = moved[:len(args_hst)], dict(zip(kwargs_hst, moved[len(args_hst):], strict=True))
         names = [*self.arg_names[:len(args_hst)], *kwargs_hst]
         ranges = _ranges(names, [*args_hst, *kwargs_hst.values()])
         bounds = (np.array([r[0] for r in ranges], dtype=np.int64), np.array([r[1] for r in ranges], dtype=np.int64))

@@ -25,24 +25,45 @@ def _progress(kernel: str, ran, grid, seconds: float) -> None:
         click.echo(f"  {kernel}: {of}, {seconds:.0f} s", err=True)
 
 
-def check_case(op, backend, case, target, edges: bool) -> tuple[str, str]:
-    """(status, detail) of one case's backend call under memcheck: ok, no-kernel (it launched no interpreted Triton
-    kernel: nothing was checked), out-of-bounds or error."""
+def _checked_call(op, backend, case, target, edges: bool, forced=None) -> tuple[str, str, list]:
+    """(status, detail, the declared-kernel picks) of one backend call under memcheck, with `forced` configs."""
     from spark_bench.kernelgate.memcheck import edge_programs, memcheck, out_of_bounds_in
+    from spark_bench.tune.space import applied, recording
 
     inputs = op.make_inputs(case.params, device="cpu", dtype=case.dtype, seed=case.seed)
     try:
-        with (memcheck(target, programs=edge_programs if edges else None, on_launch=_progress) as counts,
+        with (applied(forced), recording() as picks,
+              memcheck(target, programs=edge_programs if edges else None, on_launch=_progress) as counts,
               np.errstate(all="ignore") if edges else contextlib.nullcontext()):  # unrun programs leave garbage
             backend.fn(**inputs)
     except Exception as exc:  # noqa: BLE001 - the interpreter wraps the kernel's exception in InterpreterError
         cause = out_of_bounds_in(exc)
         if cause is not None:
-            return "out-of-bounds", str(cause)
-        return "error", f"{type(exc).__name__}: {exc}"[:300]
+            return "out-of-bounds", str(cause), []
+        return "error", f"{type(exc).__name__}: {exc}"[:300], []
     if not counts["launches"]:
-        return "no-kernel", "nothing checked"
-    return "ok", f"{counts['launches']} launches" + (", their edge programs only" if edges else "")
+        return "no-kernel", "nothing checked", picks
+    return "ok", f"{counts['launches']} launches" + (", their edge programs only" if edges else ""), picks
+
+
+def check_case(op, backend, case, target, edges: bool, candidates: bool = False) -> tuple[str, str]:
+    """(status, detail) of one case's backend call under memcheck: ok, no-kernel (it launched no interpreted Triton
+    kernel: nothing was checked), out-of-bounds or error. With `candidates`, the call again with each declared
+    candidate config of each kernel it launched (one kernel forced at a time, as `spark-bench tune` times them)."""
+    from spark_bench.tune.space import SPACES, config_id
+
+    status, detail, picks = _checked_call(op, backend, case, target, edges)
+    if status != "ok" or not candidates:
+        return status, detail
+    kernels = sorted({p["kernel"] for p in picks} & SPACES.keys())
+    tried = 0
+    for kernel in kernels:
+        for config in SPACES[kernel].candidates:
+            tried += 1
+            status, why, _ = _checked_call(op, backend, case, target, edges, {kernel: dict(config)})
+            if status != "ok":
+                return status, f"{kernel} candidate {config_id(config)}: {why}"
+    return "ok", f"{detail}; {tried} candidate configs of {len(kernels)} kernel(s)"
 
 
 @click.command("memcheck")
@@ -60,7 +81,10 @@ def check_case(op, backend, case, target, edges: bool) -> tuple[str, str]:
               help="Run only the grid's corner programs (first and last two along each axis): a full-size launch "
                    "checked in part, in interpreter time a small one costs. A persistent grid's last items may run "
                    "on a middle program: add --sms large enough for one item per program to check those.")
-def memcheck_cmd(ops, backends, sets, preset, dtypes, target_name, sms, edges) -> None:
+@click.option("--candidates", is_flag=True,
+              help="Also each declared candidate config of each kernel a case launches (what `spark-bench tune` "
+                   "would time), one kernel forced at a time.")
+def memcheck_cmd(ops, backends, sets, preset, dtypes, target_name, sms, edges, candidates) -> None:
     """Bounds-check every load, store and atomic of the Triton backends' kernels, interpreted on the CPU, at the quick
     sweep's points (or --set / --preset ones), launched as on a GPU target. Exit 1 when an access is out of bounds."""
     os.environ["TRITON_INTERPRET"] = "1"  # before any plugin imports its kernels
@@ -81,7 +105,7 @@ def memcheck_cmd(ops, backends, sets, preset, dtypes, target_name, sms, edges) -
     for i, case in enumerate(cases, 1):
         op = reg.ops[case.op]
         start = time.monotonic()
-        status, detail = check_case(op, op.backends[case.backend], case, target, edges)
+        status, detail = check_case(op, op.backends[case.backend], case, target, edges, candidates)
         bad += status not in ("ok", "no-kernel")
         unchecked += status == "no-kernel"
         params = " ".join(f"{k}={v}" for k, v in case.params.items())
