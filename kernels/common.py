@@ -2,7 +2,9 @@
 
 INTERPRET: True under TRITON_INTERPRET=1 (CPU tensors). Pass it as the `UPCAST_DOT` constexpr of any kernel that
 calls tl.dot: triton 3.9's interpreter multiplies the raw bit patterns of bf16 operands (triton issue #11584), so
-kernels upcast dot operands to fp32 when interpreting, and keep bf16 operands on the GPU.
+kernels upcast dot operands to fp32 when interpreting, and keep bf16 operands on the GPU. Wrappers decide their
+block sizes, splits and paths by `widen()`, never by INTERPRET: memcheck, traffic and
+tests/test_gpu_configs_interpreted.py turn widening off to run a GPU's launches in the interpreter.
 The interpreter also casts fp32 to bf16 by truncation (even with fp_downcast_rounding="rtne"); kernels that store bf16
 pass ROUND=rounds_bf16(out.dtype) and store round_bf16(x, ROUND), which rounds to nearest there and is a no-op on GPUs.
 """
@@ -31,7 +33,7 @@ def next_pow2(n: int) -> int:
 def row_block(n_cols: int, budget: int = 4096) -> int:
     """Rows per program for a row-wise kernel: fill `budget` elements. The interpreter runs one program at a
     time in Python, so there fewer, larger programs are faster."""
-    budget = 1 << 16 if INTERPRET else budget
+    budget = 1 << 16 if widen() else budget
     return max(1, min(1024, budget // max(1, next_pow2(n_cols))))
 
 

@@ -1,9 +1,9 @@
 """spark_bench.kernelgate.memcheck: out-of-bounds accesses of interpreted Triton kernels, and `spark-bench memcheck`.
 
-A toy kernel shows what is caught (an unmasked read one element past a tensor, an atomic past its end), what is not
-(addresses a mask turns off), and that a sampled launch runs only its picked programs, with their real ids. Then
-every Triton backend of every op runs at the quick sweep's points, launched as on sm_90a (its configs, its 132-SM
-persistent grids) and on a 2-SM sm_90a (where persistent grids loop over many items): no access out of bounds.
+A toy kernel shows what is caught (an unmasked read one element past a tensor, one landing in the next argument's
+storage, an atomic past its end, a bad candidate config), what is not (addresses a mask turns off), and that a
+sampled launch runs only its picked programs, with their real ids. Every Triton backend of every op runs under
+memcheck as on sm_90a in tests/test_gpu_configs_interpreted.py.
 """
 
 from __future__ import annotations
@@ -94,8 +94,10 @@ def test_a_sampled_launch_runs_only_its_edge_programs_with_their_real_ids():
 
 
 @pytest.mark.parametrize("sms", ["132", "2"])
-def test_every_triton_backend_stays_in_bounds_at_the_quick_points(sms):
-    code, out, err = run_cli("memcheck", "--target", "sm_90a", "--sms", sms)
+def test_the_command_checks_the_selected_backends_at_the_quick_points(sms):
+    """The CLI over a few ops (every Triton backend of every op runs under memcheck, as on sm_90a at 132 and 2 SMs,
+    in tests/test_gpu_configs_interpreted.py, which checks their values too)."""
+    code, out, err = run_cli("memcheck", "--target", "sm_90a", "--sms", sms, "--op", "kda.gate", "--op", "moe.router")
     assert code == 0, out[-3000:] + err
     assert " 0 with an access out of bounds or an error" in out and "out-of-bounds" not in out
     assert f"memcheck on sm_90a ({sms} SMs)" in out

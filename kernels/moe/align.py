@@ -16,7 +16,7 @@ Chunks of BN flat slots (slot s = t*K + k); order within an expert = slot order 
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET, next_pow2
+from spark_bench.kernels.common import next_pow2, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 
 # Chunks of BN = min(TILE // next_pow2(E), BN_MAX) slots (a [BN, BE] tile; the E = 1 scatter spilled on sm_90a at
@@ -114,11 +114,11 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     max_padded, max_blocks = align_sizes(N, E, block_m)
     BE = next_pow2(E)
     chunks, chunk_options = split(CHUNK_CONFIGS.pick(N=N, E=E))
-    BN = max(16, min(next_pow2(N), (1 << 16 if INTERPRET else chunks["TILE"]) // BE,
-                     1 << 16 if INTERPRET else chunks["BN_MAX"]))
+    BN = max(16, min(next_pow2(N), (1 << 16 if widen() else chunks["TILE"]) // BE,
+                     1 << 16 if widen() else chunks["BN_MAX"]))
     n_chunks = triton.cdiv(N, BN)
     offsets, offsets_options = split(OFFSETS_CONFIGS.pick(N=N, E=E))
-    budget = 1 << 16 if INTERPRET else offsets["BUDGET"]
+    budget = 1 << 16 if widen() else offsets["BUDGET"]
     sorted_ids = torch.empty((max_padded,), dtype=torch.int32, device=dev)
     expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     num_post = torch.empty(1, dtype=torch.int32, device=dev)
@@ -130,7 +130,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
         base = torch.empty_like(counts)
         _align_count[(n_chunks,)](ids, counts, N, E, BN=BN, BE=BE, **chunk_options)
         BEP = min(BE, offsets["BEP"])
-        BC = max(2, min(next_pow2(n_chunks), (1 << 16 if INTERPRET else offsets["PREFIX"]) // BEP))
+        BC = max(2, min(next_pow2(n_chunks), (1 << 16 if widen() else offsets["PREFIX"]) // BEP))
         _align_prefix[(BE // BEP,)](counts, base, totals, n_chunks, BE=BE, BC=BC, BEP=BEP, **offsets_options)
     tiles_per = triton.cdiv(max_blocks, n_chunks)
     TB = max(2, min(next_pow2(tiles_per), max(2, budget // max(BE, block_m))))

@@ -20,7 +20,7 @@ import math
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET, next_pow2, round_bf16, rounds_bf16
+from spark_bench.kernels.common import INTERPRET, next_pow2, round_bf16, rounds_bf16, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.moe.align import moe_align
 from spark_bench.kernels.moe.experts_decode import decode
@@ -158,8 +158,8 @@ def grouped_experts(x, topk_ids, topk_weights, groups, experts, inter, block_m, 
     y_slots = torch.empty((P, D), dtype=x.dtype, device=x.device)
     up, up_options = split(SWIGLU_CONFIGS.pick(BM=block_m, D=D, I=I, ALIGN=math.gcd(D, I, 16)))
     down, down_options = split(DOWN_CONFIGS.pick(BM=block_m, D=D, I=I))
-    up_bn, up_bk = (_block(I, 128), _block(D, 128)) if INTERPRET else (up["BN"], up["BK"])
-    down_bn, down_bk = (_block(D, 128), _block(I, 128)) if INTERPRET else (down["BN"], down["BK"])
+    up_bn, up_bk = (_block(I, 128), _block(D, 128)) if widen() else (up["BN"], up["BK"])
+    down_bn, down_bk = (_block(D, 128), _block(I, 128)) if widen() else (down["BN"], down["BK"])
     for lo, w13, w2 in groups:
         hi = lo + w13.shape[0]
         _grouped_swiglu[(tiles * triton.cdiv(I, up_bn),)](

@@ -20,7 +20,7 @@ S1 and S (slices of D and of I) are the smallest splits that reach MIN_CTAS prog
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET, next_pow2, round_bf16, rounds_bf16
+from spark_bench.kernels.common import INTERPRET, next_pow2, round_bf16, rounds_bf16, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.moe.slots import FusedSum, sum_tile
 
@@ -177,11 +177,11 @@ def decode(x, topk_ids, topk_weights, w13, w2, split_i: int | None = None, split
     stride = 1 if E > 1 else BP  # E = 1: each window's first slot leads it, and the grid holds only those
     leaders = triton.cdiv(P, stride)
     meta, options = split(SWIGLU_CONFIGS.pick(P=P, D=D, I=I))
-    BN, BK = (_block(I, 128), _block(D, 256) if split_d is None else 16) if INTERPRET else (meta["BN"],
+    BN, BK = (_block(I, 128), _block(D, 256) if split_d is None else 16) if widen() else (meta["BN"],
                                                                                           _step(meta, BP))
     # every down program re-reads its slice of the S1 partials for all P slots (cdiv(D, BN) * S1 * I * P * 8 B of
     # L2 reads in all): S1 * P <= PARTS_BUDGET keeps that within ~3x the weights at Kimi-Linear sizes
-    S1, d_split = (1, D) if INTERPRET else up_split(min(P, E), D, I, BN, meta["MIN_CTAS"],
+    S1, d_split = (1, D) if widen() else up_split(min(P, E), D, I, BN, meta["MIN_CTAS"],
                                                     max(1, PARTS_BUDGET // P))
     if split_d is not None:
         S1, d_split = triton.cdiv(D, split_d), split_d
@@ -196,7 +196,7 @@ def decode(x, topk_ids, topk_weights, w13, w2, split_i: int | None = None, split
     meta, options = split(DOWN_CONFIGS.pick(P=P, D=D, I=I))
     # PARTS: the gate and up sums are two more fp32 [BK, BP] tiles. At BK * BP = 4096 and 2048 ptxas spilled 4 B on
     # sm_90a (at 168 registers for 3 CTAs/SM, quick shapes, triton 3.6); at 1024: 96 registers, 5 CTAs/SM
-    BN, BK = (_block(D, 128), _block(I, 256) if split_i is None else 16) if INTERPRET else (
+    BN, BK = (_block(D, 128), _block(I, 256) if split_i is None else 16) if widen() else (
         meta["BN"], _step(meta, BP * (4 if parts else 1)))
     S, i_split = down_split(min(P, E), D, I, BN, BK, meta["MIN_CTAS"])
     if split_i is not None:

@@ -22,7 +22,7 @@ of 256. Three paths, chosen by the wrapper from the token count and the mean pai
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET
+from spark_bench.kernels.common import INTERPRET, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.moe.align import moe_align
 from spark_bench.kernels.moe.experts import block_m_for, grouped_experts
@@ -165,7 +165,7 @@ def _grouped(x, ids, weights, w13, w2, T, D, E, I, K):
     h = torch.empty((P, I), dtype=torch.bfloat16, device=x.device)
     out = torch.empty((P, D), dtype=torch.bfloat16, device=x.device)
     meta, options = split(GROUPED_CONFIGS.pick(BM=BM))
-    if INTERPRET:
+    if widen():
         meta["BN"] = 256
     BN = meta["BN"]
     _grouped_up[(tiles, triton.cdiv(I, BN))](x, sorted_ids, expert_ids, num_post, w13, h, P, K, D, I, w13.shape[2],

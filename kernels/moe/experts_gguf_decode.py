@@ -24,7 +24,7 @@ single token never pads a 16-row tensor-core tile.
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET, next_pow2
+from spark_bench.kernels.common import next_pow2, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 from spark_bench.kernels.moe.slots import FusedSum, sum_tile
 from spark_bench.kernels.quant.kdot import row_sums, superblock_fma, superblock_offsets
@@ -180,14 +180,14 @@ def decode(x, ids, weights, w13, w2, T, D, I, K, rows_per_program=None, split_i=
     forced)."""
     P = T * K
     meta, options = split(DECODE_UP_CONFIGS.pick(P=P, D=D, I=I))
-    BR = rows_per_program or (min(next_pow2(P * I), 1024) if INTERPRET else meta["BR"])
-    S1 = split_d or (1 if INTERPRET else down_split(P, I, D // 256, BR, meta["MIN_CTAS"]))
+    BR = rows_per_program or (min(next_pow2(P * I), 1024) if widen() else meta["BR"])
+    S1 = split_d or (1 if widen() else down_split(P, I, D // 256, BR, meta["MIN_CTAS"]))
     parts = S1 > 1
     h = torch.empty((P * S1, 2 * I) if parts else (P, I), dtype=torch.float32, device=x.device)
     _decode_up[(triton.cdiv(P * S1 * I, BR),)](x, ids, weights, w13, h, P, S1, K, D, I, w13.shape[2], D // 256 // S1,
                                                BR=BR, SHARED=I % BR == 0, PARTS=parts, UNROLL=meta["UNROLL"], **options)
     meta, options = split(DECODE_DOWN_CONFIGS.pick(P=P, D=D, I=I))
-    BR = rows_per_program or (min(next_pow2(P * D), 1024) if INTERPRET else meta["BR"])
+    BR = rows_per_program or (min(next_pow2(P * D), 1024) if widen() else meta["BR"])
     S = split_i or down_split(P, D, I // 256, BR, meta["MIN_CTAS"])
     part = torch.empty((P * S, D), dtype=torch.float32, device=x.device)
     # fused: needs one D tile per program (BR divides D)

@@ -19,7 +19,7 @@ every bf16 product is exact in fp32, so the logits are x.float() @ gate_w.float(
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET, last_to_arrive, next_pow2, row_block, tickets
+from spark_bench.kernels.common import INTERPRET, last_to_arrive, next_pow2, row_block, tickets, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 
 from spark_bench import triton_env
@@ -199,7 +199,7 @@ def _split_logits(x, gate_w, bias, weights, ids, selection):
     T, D = x.shape
     E = gate_w.shape[0]
     meta, options = split(LOGITS_CONFIGS.pick(T=T, E=E, D=D))
-    BT, BE, BD = (16, min(64, max(16, next_pow2(E))), min(256, max(16, next_pow2(D)))) if INTERPRET else \
+    BT, BE, BD = (16, min(64, max(16, next_pow2(E))), min(256, max(16, next_pow2(D)))) if widen() else \
         (meta["BT"], meta["BE"], meta["BD"])
     S, d_split = slices(triton.cdiv(T, BT) * triton.cdiv(E, BE), D, BD,
                         max(meta["MIN_CTAS"], 2 * triton_env.sm_count(x.device)))
@@ -221,7 +221,7 @@ def _split_logits(x, gate_w, bias, weights, ids, selection):
 def _rows(x, gate_w, bias, weights, ids, selection, meta, options):
     T, D = x.shape
     E = gate_w.shape[0]
-    BT, BD = (max(16, min(64, next_pow2(T))), min(256, max(16, next_pow2(D)))) if INTERPRET else \
+    BT, BD = (max(16, min(64, next_pow2(T))), min(256, max(16, next_pow2(D)))) if widen() else \
         (meta["BT"], meta["BD"])
     _router_rows[(triton.cdiv(T, BT),)](x, gate_w, bias, weights, ids, T, D, selection["scale"], E=E, BT=BT,
                                         BE=next_pow2(E), BD=BD, **selection["meta"], UPCAST_DOT=INTERPRET, **options)
@@ -264,7 +264,7 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, gate_bias: torch.Tensor, topk: 
     bias = gate_bias.float().contiguous()
     meta, options = split(ROWS_CONFIGS.pick(T=T, E=E, D=x.shape[1]))
     if path == "auto":
-        path = "rows" if triton.cdiv(T, meta["BT"]) >= triton_env.sm_count(x.device) and not INTERPRET else "split"
+        path = "rows" if triton.cdiv(T, meta["BT"]) >= triton_env.sm_count(x.device) and not widen() else "split"
     if path == "rows":
         _rows(x, gate_w, bias, weights, ids, selection, meta, options)
     elif path == "split":

@@ -14,7 +14,6 @@ import torch
 import triton
 import triton.language as tl
 from spark_bench.kernels.common import (
-    INTERPRET,
     last_to_arrive,
     next_pow2,
     ordered_grid,
@@ -22,6 +21,7 @@ from spark_bench.kernels.common import (
     round_bf16,
     rounds_bf16,
     tickets,
+    widen,
 )
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 
@@ -94,7 +94,7 @@ def sum_slots(y_slots: torch.Tensor, T: int, out_dtype: torch.dtype, config: dic
     y = torch.empty((T, D), dtype=out_dtype, device=y_slots.device)
     meta, options = split(config or SUM_CONFIGS.pick(T=T, D=D))
     meta.pop("FUSE", None)
-    BT, BD = (max(1, min(next_pow2(T), 64)), max(16, min(next_pow2(D), 256))) if INTERPRET else \
+    BT, BD = (max(1, min(next_pow2(T), 64)), max(16, min(next_pow2(D), 256))) if widen() else \
         (meta["BT"], meta["BD"])
     grid, d_fastest = ordered_grid(triton.cdiv(D, BD), triton.cdiv(T, BT))  # tokens first past 1M at BT = 16
     _sum_slots[grid](y_slots, y, T, D, R=R, BT=BT, BD=BD, RNE=rounds_bf16(out_dtype), D_FASTEST=d_fastest, **options)

@@ -10,7 +10,7 @@ once to nearest even (under the interpreter by integer ops, whose own cast trunc
 import torch
 import triton
 import triton.language as tl
-from spark_bench.kernels.common import INTERPRET, next_pow2, ordered_grid, ordered_ids
+from spark_bench.kernels.common import INTERPRET, next_pow2, ordered_grid, ordered_ids, widen
 from spark_bench.kernels.quant.kquants import CHUNK, aligned, bf16_rne, block_ptr, block_scales, dequant_chunk
 
 BLOCK_BYTES = {"q2_k": 84, "q3_k": 110}
@@ -59,7 +59,7 @@ def dequantize(raw: torch.Tensor, fmt: str, dtype: torch.dtype = torch.bfloat16,
         raise ValueError(f"out {tuple(out.shape)} {out.dtype} is not a contiguous {shape} {dtype}")
     if out.numel() == 0:
         return out
-    BR = min(next_pow2(n_rows), 2048) if INTERPRET else 32
+    BR = min(next_pow2(n_rows), 2048) if widen() else 32
     rows_per_expert = n_rows
     if hit is not None:
         if raw.dim() != 3 or hit.shape != raw.shape[:1]:

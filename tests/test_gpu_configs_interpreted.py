@@ -1,0 +1,48 @@
+"""The GPU side of the wrappers, run on the CPU: every Triton backend at the quick sweep's points, launched with the
+block sizes, splits, persistent grids and paths a GPU would take (no interpreter widening; an sm_90a target: its 132
+SMs, or 2 so persistent grids loop), under `memcheck` (every load, store and atomic bounds-checked) and checked
+against the op's reference as `run` checks it.
+
+Without this, what only a GPU launch takes (the MoE decode GEMVs' D / I splits with their partial sums and tickets,
+the router's row path, the align kernel's chunked offsets, the kernels' declared tiles instead of whole rows) ran
+only on a GPU, where a wrong result is first seen as a `mismatch` of the sweep."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import spark_bench
+from spark_bench.check import check_outputs
+from spark_bench.kernelgate.memcheck import memcheck
+from spark_bench.kernelgate.targets import TARGETS
+from spark_bench.sweep import SweepSpec, build_cases, dtype_list
+from spark_bench.worker import _reference
+
+
+def _cases():
+    reg = spark_bench.registry()
+    spec = SweepSpec(ops=[], backends=["triton*"], preset=None, overrides={}, dtypes=dtype_list(()), device="cpu",
+                     quick=True)
+    return [c for c in build_cases(reg, spec) if not c.skip]
+
+
+# the ops whose wrappers size grids or choose paths by the SM count (kernels/kda/chunk_intra.py's persistent grid, the
+# router's rows path): also run as on a 2-SM part, where a persistent program loops over many items and the router
+# takes its rows path at the quick sweep's token counts
+BY_SM_COUNT = ("kda.chunk_prefill", "kda.block_prefill", "moe.router", "moe.layer")
+CASES = [(case, sms) for case in _cases() for sms in (132, 2) if sms == 132 or case.op in BY_SM_COUNT]
+
+
+@pytest.mark.parametrize("case,sms", CASES, ids=lambda v: f"{v.op}-{v.backend}-{v.dtype}-"
+                         + "-".join(f"{k}={x}" for k, x in v.params.items()) if hasattr(v, "op") else f"{v}sms")
+def test_gpu_configs_match_the_reference(case, sms):
+    op = spark_bench.get_op(case.op)
+    inputs = op.make_inputs(case.params, device="cpu", dtype=case.dtype, seed=case.seed)
+    ref = _reference(op, inputs)
+    with memcheck(dataclasses.replace(TARGETS["sm_90a"], sm_count=sms)) as counts:
+        out = op.backends[case.backend].fn(**inputs)
+    assert counts["launches"] > 0
+    check = check_outputs(op, out, ref, inputs, case.dtype, backend=case.backend)
+    assert check["ok"], check["message"]
