@@ -46,3 +46,22 @@ def test_gpu_configs_match_the_reference(case, sms):
     assert counts["launches"] > 0
     check = check_outputs(op, out, ref, inputs, case.dtype, backend=case.backend)
     assert check["ok"], check["message"]
+
+
+def test_the_launches_are_a_gpus_not_the_interpreters():
+    """The same call launches other grids as on a GPU than interpreted: the bf16 decode GEMVs split D and I over many
+    programs for >= 1,000 CTAs on a GPU, and take whole rows in one program per slot when interpreting."""
+    from spark_bench.kernels import common
+
+    op = spark_bench.get_op("moe.experts")
+    params = {"tokens": 1, "hidden": 136, "experts": 11, "topk": 3, "inter": 72, "routing": "uniform"}
+    grids: dict[str, list] = {"gpu": [], "interpreter": []}
+    for where in grids:
+        inputs = op.make_inputs(params, device="cpu", dtype="bf16", seed=0)
+        with memcheck(TARGETS["sm_90a"], on_launch=lambda name, ran, grid, s, w=where: grids[w].append((name, ran))):
+            if where == "interpreter":
+                common.WIDEN_WHEN_INTERPRETING = True  # memcheck turned it off: the interpreter's own choice
+            op.backends["triton_decode"].fn(**inputs)
+    gpu, interpreted = dict(grids["gpu"]), dict(grids["interpreter"])
+    assert set(gpu) == set(interpreted) == {"_decode_swiglu", "_decode_down"}
+    assert all(gpu[k] > 4 * interpreted[k] for k in gpu), (gpu, interpreted)
