@@ -221,7 +221,15 @@ def test_a_report_that_cannot_be_written_is_one_line_and_the_results_stand(tmp_p
 
 
 _HOOK = """import os, sys
-if '--multiprocessing-fork' in sys.argv:
+if '--multiprocessing-fork' in sys.argv and os.environ.get('FAIL_LOG_TAG'):
+    import spark_bench.worker as worker
+    real_main = worker.main
+    def main(conn, device, log_path):
+        if os.environ['FAIL_LOG_TAG'] in os.path.basename(log_path or ''):
+            raise ValueError('simulated start-up failure of slot ' + os.environ['FAIL_LOG_TAG'])
+        return real_main(conn, device, log_path)
+    worker.main = main
+elif '--multiprocessing-fork' in sys.argv:
     counter = os.environ['START_COUNTER']
     with open(counter, 'a') as f:
         f.write('x')
@@ -291,6 +299,18 @@ def test_a_bad_timeout_variable_is_one_line(tmp_path, fault_env, name, value):
     assert proc.returncode == 2 and proc.stderr.strip() == (
         f"spark-bench: error: {name}={value!r} is not a positive number of seconds"), proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_slot_whose_workers_cannot_start_leaves_its_cases_to_the_others(tmp_path, fault_env):
+    """Two slots, one broken (its workers die at start-up): a warning names it, the other slot runs every case,
+    exit 0. Before, the broken slot stopped the whole run."""
+    proc, out = _run_with_failing_starts(tmp_path, fault_env, 10**6, "--backend", "good", "--set", "rows=3,5,7",
+                                         "--devices", "cpu0,cpu1", FAIL_LOG_TAG="cpu1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: workers cannot start on cpu1")]
+    assert len(warnings) == 1 and warnings[0].endswith("its cases go to the other slots"), proc.stderr
+    records = _lines(out / "results.jsonl")
+    assert len(records) == 3 and {r["status"] for r in records} == {"ok"} and {r["worker"] for r in records} == {"cpu0"}
 
 
 def test_workers_that_stop_starting_mid_run_stop_it_too(tmp_path, fault_env):

@@ -250,6 +250,7 @@ class CaseQueue:
         self.busy_boards: collections.Counter[str] = collections.Counter()
         self.running = 0
         self.closed = False
+        self.working = 0  # slots still able to start workers (set by the executor; retire_slot counts them down)
         self.cond = threading.Condition()
 
     def _free(self, slot: Slot) -> bool:
@@ -280,6 +281,20 @@ class CaseQueue:
                 self.pending.put_back([case])
             self.cond.notify_all()
             return final
+
+    def retire_slot(self, slot: Slot, case: Case) -> bool:
+        """`slot` cannot start workers: `case` (taken, not run) and the rest of its point go back to the front of the
+        queue for the other slots. False, changing nothing, when it was the last slot working."""
+        with self.cond:
+            if self.working <= 1:
+                return False
+            self.working -= 1
+            self.running -= 1
+            self.busy_gpus[slot.gpu] -= 1
+            self.busy_boards[slot.board] -= 1
+            self.pending.release(id(slot), first=[case])
+            self.cond.notify_all()
+            return True
 
     def close(self) -> None:
         with self.cond:

@@ -236,6 +236,7 @@ class LocalExecutor(Executor):
         slots = self.slots or parse_devices(None, ctx.device)
         log_dir = ctx.log_dir or Path("logs")
         work = CaseQueue(cases, self.retries, ctx.energy, ctx.deadline)
+        work.working = len(slots)
         events: queue.Queue = queue.Queue()
         early, self.early = (self.early if self.early_device == ctx.device else {}), {}
         runners = [WorkerSlot(slot, ctx, log_dir, early.pop(slot.label, None)) for slot in slots]
@@ -246,7 +247,13 @@ class LocalExecutor(Executor):
             try:
                 while (case := work.take(runner.slot)) is not None:
                     events.put(("phase", case, "start"))
-                    record = runner.run_case(case, lambda c, p: events.put(("phase", c, p)))
+                    try:
+                        record = runner.run_case(case, lambda c, p: events.put(("phase", c, p)))
+                    except WorkersCannotStart as exc:  # this slot is broken: the others take its cases, if any
+                        if not work.retire_slot(runner.slot, case):
+                            raise
+                        events.put(("warning", None, f"{exc}; its cases go to the other slots"))
+                        return
                     self.timeline.append((runner.slot.label, case.case_id, runner.started, time.monotonic()))
                     if work.finish(runner.slot, case, record):
                         events.put(("result", case, record))
@@ -271,6 +278,8 @@ class LocalExecutor(Executor):
                 elif kind == "error":
                     error = error or payload
                     work.close()
+                elif kind == "warning":
+                    print(f"warning: {payload}", file=sys.stderr, flush=True)
                 else:
                     alive -= 1
         finally:
