@@ -17,6 +17,7 @@ from typing import Any
 from spark_bench import results
 from spark_bench.executors.base import Executor, RunContext, Sink, failed_record
 from spark_bench.executors.local import LocalExecutor
+from spark_bench.executors.plan import interleave_ops
 from spark_bench.executors.worker_process import STARTUP_TIMEOUT_S, Worker, env_seconds, startup_timeout
 from spark_bench.sweep import Case
 from spark_bench.timing import TimingConfig
@@ -69,6 +70,8 @@ class Runner:
                 self.on_phase(case, "start")
                 journal(case, failed_record(case, "skipped", case.skip))
         runnable = [c for c in todo if not c.skip]
+        if self.deadline is not None:  # a budget: every op's first points before any op's later ones
+            runnable = interleave_ops(runnable)
         if runnable:
             ctx = RunContext(self.device, self.cfg, self.timeout_s, self.n_sets, self.store.path / "logs", self.energy,
                              self.confirm_crashes, self.deadline)

@@ -362,3 +362,16 @@ def test_pending_past_its_deadline_finishes_the_points_begun_and_starts_none():
     assert rest.params == {"n": 1} and rest.backend != first.backend  # the point begun finishes
     assert pending.next("w1") is None and not pending  # and then nothing: point n=2 is left
     assert [c.params for c in pending.groups[0]] == [{"n": 2}, {"n": 2}]
+
+
+def test_a_budgeted_run_takes_the_ops_points_in_turn():
+    from spark_bench.executors.plan import interleave_ops
+    from spark_bench.sweep import Case
+
+    def point(op, n):
+        return [Case(op=op, backend=b, params={"n": n}, dtype="fp32", device="cpu", seed=0) for b in ("x", "y")]
+
+    cases = [*point("a", 1), *point("a", 2), *point("a", 3), *point("b", 1)]
+    order = [(c.op, c.params["n"], c.backend) for c in interleave_ops(cases)]
+    assert order == [("a", 1, "x"), ("a", 1, "y"), ("b", 1, "x"), ("b", 1, "y"), ("a", 2, "x"), ("a", 2, "y"),
+                     ("a", 3, "x"), ("a", 3, "y")]

@@ -137,12 +137,30 @@ def to_run_text(todo: Sequence[Case]) -> str:
     return f"{len(todo) - skipped} to run" + (f", {skipped} skipped" if skipped else "")
 
 
+def interleave_ops(cases: Sequence[Case]) -> list[Case]:
+    """The cases with their ops' parameter points taken in turn (op A's first point, op B's first, ..., then each op's
+    second), each point's backends kept together and every op's own order kept: under `run --budget` the time covers
+    every op's first points instead of the first ops' every point (the default GPU sweep is op after op)."""
+    per_op: dict[str, dict[str, list[Case]]] = {}
+    for case in cases:
+        per_op.setdefault(case.op, {}).setdefault(case.group, []).append(case)
+    queues = [list(points.values()) for points in per_op.values()]
+    out: list[Case] = []
+    for rank in range(max(map(len, queues), default=0)):
+        for points in queues:
+            if rank < len(points):
+                out.extend(points[rank])
+    return out
+
+
 def print_plan(cases: Sequence[Case], todo: Sequence[Case], executor_text: str, workers: int | None,
                results_root: Path, echo=print, budget_s: float | None = None) -> float:
     """Print the cases to run with their estimates and the total (and, with `budget_s`, how many fit in it);
     returns the estimated wall seconds."""
     stored = stored_durations(results_root)
     device = cases[0].device if cases else "?"
+    if budget_s is not None:  # the order a budgeted run takes (Runner.run)
+        todo = [*[c for c in todo if c.skip], *interleave_ops([c for c in todo if not c.skip])]
     echo(f"spark-bench dry run: {len(cases)} cases on {device}, {to_run_text(todo)}, executor {executor_text}")
     sources: collections.Counter[str] = collections.Counter()
     per_op: dict[str, list[float]] = {}  # op -> [cases to run, skipped, seconds]
@@ -185,5 +203,5 @@ def print_plan(cases: Sequence[Case], todo: Sequence[Case], executor_text: str, 
     if budget_s is not None:
         fit = sum(end / (workers or 1) <= budget_s for end in ends)
         echo(f"--budget {fmt_duration(budget_s)}: about {fit} of {len(ends)} cases fit by these estimates (in the "
-             "order listed; a point begun is finished)")
+             "order listed: the ops' points in turn; a point begun is finished)")
     return wall
