@@ -246,3 +246,22 @@ def test_the_first_fault_is_also_run_under_compute_sanitizer(tmp_path, fault_env
                                      "========= Invalid __global__ read of size 2 bytes\n"
                                      "========= DISABLE_MMA_V3=unset")  # compiled as the faulting run was
     assert found[1]["faulted"] is False and "sanitizer" not in found[1]  # the nan backend runs: no fault to sanitize
+
+
+@pytest.mark.parametrize("name", ["run_gpu_check.sh", "run_gpu_tune.sh"])
+def test_the_gpu_scripts_call_spark_bench_with_options_it_has(name):
+    """A misspelt or removed option would cost a whole device call (exit 2 at the step): every `spark-bench CMD
+    --option` of the prepared scripts must be an option of that command."""
+    import re
+
+    from spark_bench.cli import main
+
+    script = (Path(__file__).parent / "gpu" / name).read_text().replace("\\\n", " ")
+    calls = [m.group(1, 2) for line in script.splitlines() if not line.lstrip().startswith("#")
+             for m in re.finditer(r"spark-bench (\w+)([^;|&>']*)", line)]
+    assert len(calls) >= 3, calls
+    for command, args in calls:
+        cmd = main.commands[command]
+        known = {opt for p in cmd.params for opt in (*p.opts, *p.secondary_opts)}
+        unknown = [a for a in re.findall(r"(?<!\S)(--[a-z][a-z0-9-]*)", args) if a not in known]
+        assert not unknown, f"{name}: spark-bench {command} has no {unknown}"
