@@ -4,7 +4,8 @@ Each case runs in a spawned worker process (spark_bench/worker.py). An exception
 segfault/abort/kill `crash` (with the signal and the tail of the worker's stderr, which holds faulthandler's stack),
 a phase that outlives the timeout `timeout` (the worker is killed); the worker is then replaced and the sweep goes on.
 With several slots (`--devices 0,1` or labels on CPU) one thread per slot drives its worker; results come back to the
-calling thread, which alone reports them. The Ray executor reuses `WorkerSlot` inside its actors.
+calling thread, which alone reports them; a slot whose workers cannot start is retired with a warning and the others
+take its cases (the run stops when none can start any). The Ray executor reuses `WorkerSlot` inside its actors.
 """
 
 from __future__ import annotations
