@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -155,6 +156,10 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
     check_run_options(timeout=timeout, max_time=max_time, min_samples=min_samples, target_ci=target_ci, quick=quick,
                       full=full)
     budget_s = parse_duration("--budget", budget)
+    deadline = time.monotonic() + budget_s if budget_s else None  # the budget counts from the command's start
+    from spark_bench.runner import check_timeout_variables
+
+    check_timeout_variables()
     if resume is not None and like is not None:
         raise UsageError("--resume finishes a run, --like starts a new one; pass one")
     if resume is not None:
@@ -202,7 +207,7 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
         session = Session.create(spec, cfg, out, timeout, command=sys.argv, results_root=RESULTS_ROOT,
                                  own_pids=executor.own_pids(), roofline=roofline)
     code = session.execute(report=not no_report, executor=executor, confirm_crashes=not no_confirm_crashes,
-                           budget_s=budget_s)
+                           budget_s=budget_s, deadline=deadline)
     if like is not None:
         click.echo(f"compare: spark-bench compare {like} {session.store.path}")
     if history_db is not None:

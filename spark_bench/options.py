@@ -4,6 +4,7 @@ the checks of `spark-bench run` / `tune` options that click's types cannot expre
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -82,15 +83,12 @@ def parse_duration(option: str, text: str | None) -> float | None:
     """Seconds from '90', '90s', '30m', '1.5h' (None stays None); anything else is a UsageError."""
     if text is None:
         return None
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
-    raw = text.strip().lower()
-    number, scale = (raw[:-1], units[raw[-1]]) if raw[-1:] in units else (raw, 1.0)
-    try:
-        seconds = float(number) * scale
-    except ValueError:
-        seconds = float("nan")
-    if not 0 < seconds < math.inf:
-        raise UsageError(f"{option} {text!r}: give a duration above zero, e.g. 90s, 30m or 2h")
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([smh]?)", text.strip().lower(), flags=re.ASCII)
+    if match is None:
+        raise UsageError(f"{option} {text!r}: give seconds or one number with a unit, e.g. 90, 90s, 30m or 1.5h")
+    seconds = float(match.group(1)) * {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
+    if not seconds > 0:
+        raise UsageError(f"{option} {text!r}: give a duration above zero")
     return seconds
 
 

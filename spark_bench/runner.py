@@ -23,7 +23,8 @@ from spark_bench.sweep import Case
 from spark_bench.timing import TimingConfig
 from spark_bench.worker import ENERGY_ENV
 
-__all__ = ["STARTUP_TIMEOUT_S", "Runner", "Worker", "default_timeout", "failed_record", "pending", "startup_timeout"]
+__all__ = ["STARTUP_TIMEOUT_S", "Runner", "Worker", "check_timeout_variables", "default_timeout", "failed_record",
+           "pending", "startup_timeout"]
 
 ProgressFn = Callable[[Case, str], None]
 
@@ -50,6 +51,10 @@ class Runner:
         """Run every case not yet in the journal; returns the records of this invocation (in finishing order)."""
         todo = pending(self.store, cases)
         records: list[dict[str, Any]] = []
+        if todo and self.store.run_file.is_file():  # a budget-stopped run goes on: its count of cases left is stale
+            run = self.store.read_run()
+            if run.pop("stopped_by_budget", None) is not None:
+                self.store.write_run(run)
 
         def journal(case: Case, record: dict[str, Any]) -> None:
             record["executor"] = self.executor.name
@@ -88,6 +93,13 @@ def pending(store: results.RunStore, cases: Sequence[Case]) -> list[Case]:
             done.add(case.case_id)
             todo.append(case)
     return todo
+
+
+def check_timeout_variables() -> None:
+    """Read SPARK_BENCH_TIMEOUT and SPARK_BENCH_STARTUP_TIMEOUT now: a bad value is one UsageError line before a
+    command writes anything (a worker or Ray actor reading it later would journal every case as a crash)."""
+    default_timeout("cpu")
+    startup_timeout()
 
 
 def default_timeout(device: str) -> float:

@@ -11,14 +11,13 @@ import contextlib
 import dataclasses
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from spark_bench import results, triton_env
 from spark_bench.console import console, failures_table, results_table, summary_line
 from spark_bench.executors.worker_process import WorkersCannotStart
-from spark_bench.runner import Runner, default_timeout, startup_timeout
+from spark_bench.runner import Runner, default_timeout
 from spark_bench.sweep import Case, SweepSpec, UsageError, build_cases
 from spark_bench.telemetry import RunTelemetry, percent_of_peak
 from spark_bench.timing import TimingConfig
@@ -268,7 +267,6 @@ class Session:
         from spark_bench.telemetry.calibrate import busy_text, clock_notes
 
         timeout_s = timeout if timeout is not None else default_timeout(spec.device)
-        startup_timeout()  # a bad SPARK_BENCH_STARTUP_TIMEOUT is a usage error before anything is written
         run_id = results.new_run_id(spec.device) if out is None else Path(out).name
         store = results.RunStore(out if out is not None else results_root / run_id)
         store.lock()  # before anything is written: a second run of this directory is refused, naming this one
@@ -321,14 +319,14 @@ class Session:
         return cls(store, spec, cfg, timeout_s, cls._cases(spec))
 
     def execute(self, report: bool = True, executor: Any = None, confirm_crashes: bool = True,
-                budget_s: float | None = None) -> int:
-        """Run what is left (on `executor`, default: local worker processes; no new parameter point after `budget_s`
-        seconds); print the tables; write the report.
+                budget_s: float | None = None, deadline: float | None = None) -> int:
+        """Run what is left (on `executor`, default: local worker processes; no new parameter point after
+        `deadline`, `budget_s` after the command started); print the tables; write the report.
         Exit code: 0 all passed, 1 any case failed. A full disk raises DiskFullError (one line, exit 2), workers that
         cannot start WorkersCannotStart (one line, exit 1), each saying what is kept and how to resume."""
         try:
             with interrupt_says_what_is_kept(self.store, len(self.cases), "spark-bench run --resume"):
-                return self._execute(report, executor, confirm_crashes, budget_s)
+                return self._execute(report, executor, confirm_crashes, budget_s, deadline)
         except results.DiskFullError as exc:
             raise results.DiskFullError(
                 f"{exc}: {kept(self.store)} of {len(self.cases)} cases are kept in {self.store.path}; free some "
@@ -338,7 +336,8 @@ class Session:
                                      f"{self.store.path}: fix it, then `spark-bench run --resume {self.store.path}`"
                                      ) from None
 
-    def _execute(self, report: bool, executor: Any, confirm_crashes: bool, budget_s: float | None) -> int:
+    def _execute(self, report: bool, executor: Any, confirm_crashes: bool, budget_s: float | None,
+                 deadline: float | None) -> int:
         from spark_bench.console import SweepProgress
         from spark_bench.executors.plan import to_run_text
         from spark_bench.runner import budget_left_note, pending
@@ -355,7 +354,6 @@ class Session:
         labels = weight_labels(todo, self.spec)
         slots = getattr(executor, "slots", None) or [None]
         timeline = PhaseTimeline(tele, one_device=getattr(executor, "name", "local") != "ray" and len(slots) == 1)
-        deadline = time.monotonic() + budget_s if budget_s else None
         with SweepProgress(len(todo), out, expected=expected) as progress, timeline:
             roofline = self.store.read_run().get("roofline")
             Runner(self.store, self.cfg, timeout_s=self.timeout_s, device=self.spec.device,

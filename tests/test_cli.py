@@ -22,6 +22,11 @@ from conftest import run_cli
     (["show", "/nonexistent/run"], "no such run directory"),
     (["list", "--op", "nope"], "no op matches 'nope'; choose from kda.block_decode"),
     (["run", "--resume", "/nonexistent/run"], "not a spark-bench run directory"),
+    (["run", "--op", "kda.gate", "--budget", "1h30m"], "--budget '1h30m': give seconds or one number with a unit"),
+    (["run", "--op", "kda.gate", "--budget", "1_0m"], "give seconds or one number with a unit, e.g. 90, 90s, 30m"),
+    (["run", "--op", "kda.gate", "--budget", "\u0663m"], "give seconds or one number with a unit"),
+    (["run", "--op", "kda.gate", "--budget", "0s"], "--budget '0s': give a duration above zero"),
+    (["tune", "--op", "kda.gate", "--budget", "soon"], "--budget 'soon': give seconds or one number with a unit"),
 ])
 def test_usage_errors_are_one_line(args, needle):
     code, out, err = run_cli(*args)
@@ -78,3 +83,19 @@ def test_an_op_qualified_set_applies_to_its_ops_only_and_wins_there():
     assert {t for t, _ in points["kda.gate"]} == {3, 5} and {h for _, h in points["kda.gate"]} == {2}
     assert {t for t, _ in points["kda.gated_rmsnorm"]} == {7} and {h for _, h in points["kda.gated_rmsnorm"]} == {2}
     assert {t for t, _ in points["moe.experts"]} == {2}
+
+
+@pytest.mark.parametrize("command", [["tune", "--op", "kda.gate", "--quick"], ["run", "--resume", "RUN"]])
+def test_a_bad_timeout_variable_stops_tune_and_resume_before_they_write(tmp_path, monkeypatch, command):
+    """Checked at the command's start: a Ray actor or a worker slot reading it later journaled every case as a crash,
+    and tune had already planned and written its journal."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    if "RUN" in command:
+        assert run_cli("run", "--op", "kda.gate", "--backend", "torch", "--quick", "--out", run, "--no-report")[0] == 0
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    monkeypatch.setenv("SPARK_BENCH_STARTUP_TIMEOUT", "soon")
+    code, out, err = run_cli(*[str(run) if a == "RUN" else a for a in command])
+    assert code == 2 and err.strip() == "spark-bench: error: SPARK_BENCH_STARTUP_TIMEOUT='soon' is not a positive " \
+        "number of seconds" and not out, out + err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before

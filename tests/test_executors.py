@@ -362,6 +362,8 @@ def test_pending_past_its_deadline_finishes_the_points_begun_and_starts_none():
     assert rest.params == {"n": 1} and rest.backend != first.backend  # the point begun finishes
     assert pending.next("w1") is None and not pending  # and then nothing: point n=2 is left
     assert [c.params for c in pending.groups[0]] == [{"n": 2}, {"n": 2}]
+    pending.put_back([rest])  # a retry of the begun point (its worker crashed): still run after the deadline
+    assert pending and pending.next("w2") is rest and pending.next("w2") is None and not pending
 
 
 def test_a_budgeted_run_takes_the_ops_points_in_turn():

@@ -171,17 +171,19 @@ def test_an_edge_sampled_router_leaves_its_tickets_clean_for_later_calls():
     assert triton_matches_torch()
 
 
-def test_candidates_are_checked_one_kernel_at_a_time_and_a_bad_one_is_named():
+def test_candidates_are_checked_one_kernel_at_a_time_and_a_bad_one_is_named(monkeypatch):
     """`memcheck --candidates`: the call again with each declared candidate of each kernel it launched; a candidate
     that reads past the end (EXTRA=64 here) is reported with its kernel and config, though the default is clean."""
     from spark_bench import Axis, Cost, Op, Tolerance
     from spark_bench.kernelgate.memcheck_cli import check_case
     from spark_bench.kernelgate.targets import TARGETS
     from spark_bench.sweep import Case
-    from spark_bench.tune import ConfigSpace, declare, split
+    from spark_bench.tune import ConfigSpace, split
+    from spark_bench.tune.space import SPACES
 
-    space = declare(ConfigSpace("test_memcheck._copy", key=("n",), default={"EXTRA": 0, "BLOCK": 64},
-                                candidates=[{"EXTRA": 0, "BLOCK": 32}, {"EXTRA": 64, "BLOCK": 64}]))
+    space = ConfigSpace("test_memcheck._copy", key=("n",), default={"EXTRA": 0, "BLOCK": 64},
+                        candidates=[{"EXTRA": 0, "BLOCK": 32}, {"EXTRA": 64, "BLOCK": 64}])
+    monkeypatch.setitem(SPACES, space.kernel, space)  # declared for this test only
 
     def copy(x):
         y = torch.empty_like(x)

@@ -210,28 +210,33 @@ class Pending:
             groups.setdefault(case.group, collections.deque()).append(case)
         self.groups = collections.deque(groups.values())
         self.own: dict[Any, collections.deque[Case]] = {}  # worker key -> the rest of the point it is running
+        self.begun: collections.deque[collections.deque[Case]] = collections.deque()  # put back: run first, always
         self.deadline = deadline  # past it no new point starts; the points begun finish (their backends compare)
 
     def expired(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
     def __bool__(self) -> bool:
-        return (bool(self.groups) and not self.expired()) or any(self.own.values())
+        return (bool(self.groups) and not self.expired()) or bool(self.begun) or any(self.own.values())
 
     def next(self, key: Any) -> Case | None:
-        """The next case for worker `key`: the rest of its point first, else a new point (none past the deadline);
-        None when neither."""
+        """The next case for worker `key`: the rest of its point first, else cases put back (of points begun), else
+        a new point (none past the deadline); None when none of these."""
         own = self.own.get(key)
         if not own:
-            if not self.groups or self.expired():
+            if self.begun:
+                own = self.own[key] = self.begun.popleft()
+            elif not self.groups or self.expired():
                 return None
-            own = self.own[key] = self.groups.popleft()
+            else:
+                own = self.own[key] = self.groups.popleft()
         return own.popleft()
 
     def put_back(self, cases: Sequence[Case]) -> None:
-        """Cases to run next, on any worker (a retry; the calls queued behind a lost worker)."""
+        """Cases to run next, on any worker, deadline or not: a retry, the calls queued behind a lost worker, the
+        case a retired slot took (all of points begun)."""
         if cases:
-            self.groups.appendleft(collections.deque(cases))
+            self.begun.append(collections.deque(cases))
 
     def release(self, key: Any, first: Sequence[Case] = ()) -> None:
         """Worker `key` is gone: `first` (its calls that never ran), then the rest of its point, go back to the

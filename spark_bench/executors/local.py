@@ -83,7 +83,7 @@ class WorkerSlot:
                     raise WorkersCannotStart.after(self.slot.label, exc, log) from None
                 continue
             if early is not None:
-                self.worker.move_log(self.log_dir)
+                self.worker.move_log(self.log_dir, self.startup_timeout)
             return self.worker
         raise AssertionError("unreachable")
 

@@ -147,12 +147,12 @@ class Worker:
             raise WorkerStartError(f"worker died during start-up ({why})\n{detail}")
         self.pid = msg[1]
 
-    def move_log(self, log_dir: Path) -> None:
+    def move_log(self, log_dir: Path, timeout: float = STARTUP_TIMEOUT_S) -> None:
         """A worker started before its run directory existed logs into `log_dir` from now on, what it wrote so far
         included (it copies its log there and acknowledges before any case is sent)."""
         target = log_dir / self.log_path.name
         self.conn.send(("log", str(target)))
-        msg = self.receive(STARTUP_TIMEOUT_S)
+        msg = self.receive(timeout)
         if msg is None or msg[0] != "log":
             self.kill()
             raise RuntimeError(f"worker did not move its log to {target} ({msg})\n{log_tail(self.log_path)}")

@@ -12,6 +12,7 @@ import click
 from spark_bench.options import (
     RESULTS_ROOT,
     check_run_options,
+    parse_duration,
     positive,
     refuse_sweep_options_with_resume,
     sweep_options,
@@ -49,8 +50,9 @@ def load_tuned(spec: str | None, device: str, root: Path, warn) -> dict[str, Any
 
 @click.command("tune")
 @sweep_options
-@click.option("--budget", type=float, default=None, metavar="S",
-              help="Seconds the whole search may take (planning included); the likely winners are timed first.")
+@click.option("--budget", default=None, metavar="DURATION",
+              help="How long the whole search may take (90, 90s, 30m, 2h; planning included); the likely winners "
+                   "are timed first.")
 @click.option("--out", type=click.Path(path_type=Path), default=None, metavar="FILE",
               help="Tuned-config table to write or merge into (default: results/tuned/<this device>.json; with "
               "--resume, the one the tune was started with).")
@@ -73,13 +75,15 @@ def tune(ops, backends, preset, sets, dtypes, device, quick, full, seed, budget,
     from spark_bench.devices import check_device, default_device
     from spark_bench.executors import make_executor
     from spark_bench.kernelgate.targets import TARGETS
+    from spark_bench.runner import check_timeout_variables
     from spark_bench.tune.session import TuneSession
     from spark_bench.weights.cli import make_spec
 
     check_run_options(timeout=timeout, max_time=max_time, min_samples=min_samples, target_ci=None, quick=quick,
                       full=full)
-    positive("--budget", budget)
+    budget = parse_duration("--budget", budget)
     positive("--jobs", jobs, integer=True)
+    check_timeout_variables()
     if target is not None and target != "none" and target not in TARGETS:
         raise UsageError(f"unknown --target {target!r}; choose from {', '.join(TARGETS)}, none")
     say = lambda line: click.echo(line, err=True)  # noqa: E731

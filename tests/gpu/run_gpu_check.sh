@@ -23,7 +23,7 @@ LOG="$OUT/gpu_check.log"
 exec > >(tee -a "$LOG") 2>&1
 export PYTHONUNBUFFERED=1
 TARGETS_BUDGET_S=${TARGETS_BUDGET_S:-150}  # the steps' limits add up to ~535 s with the installs
-SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-10}  # + a hard stop 10 s later: 20 s at most
+SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-15}  # from the command's start, + a hard stop 5 s later: 20 s at most
 # a worker start-up (torch, the plugins, the CUDA context) that hangs is announced after 22 s and given up after 45 s,
 # not the default 300 s, which would eat a step's whole limit without a word
 export SPARK_BENCH_STARTUP_TIMEOUT=${SPARK_BENCH_STARTUP_TIMEOUT:-45}
@@ -98,8 +98,8 @@ timeout 50 python3 tests/gpu/profiles.py /tmp/gpu-profiles --timeout 12
 echo "== 5. GPU sweep (budget ${SWEEP_BUDGET_S}s; resumable)"
 before=$(cache_entries)
 # --budget: no new point after it (the run ends as usual, run.json and the report say how many cases were left);
-# timeout: a hard stop 10 s later if the point in flight is slow (SIGTERM: the journal keeps every finished case)
-timeout $((SWEEP_BUDGET_S + 10)) spark-bench run --device cuda --max-time 0.3 --out /tmp/gpu-sweep --no-report \
+# timeout: a hard stop 5 s later if the point in flight is slow (SIGTERM: the journal keeps every finished case)
+timeout $((SWEEP_BUDGET_S + 5)) spark-bench run --device cuda --max-time 0.3 --out /tmp/gpu-sweep --no-report \
   --budget "${SWEEP_BUDGET_S}s"
 echo "sweep exit code: $? (124 = the hard stop; 0/1: ended within the budget);" \
      "new JIT cache entries: $(( $(cache_entries) - before ))"
