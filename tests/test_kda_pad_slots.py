@@ -1,11 +1,15 @@
 """Padding rows (slot < 0, vLLM's PAD_SLOT_ID) in our decode kernels: a batch padded with them gives, on its live
 rows, what the reference gives for the live rows alone; the padding rows' outputs are zero and no pool slot other
-than the live ones changes (slot -1 would otherwise address the row before the pool)."""
+than the live ones changes. Under memcheck: slot -1 would address the row before the pool, a read that lands in
+other memory and passes unseen otherwise. The padding rows' inputs hold garbage (NaN and inf, as an uninitialised
+padded batch may): the fused kernels' zeros do not depend on them; the unfused block path's gated norm, a row-wise
+op that knows no slots, gives zeros for finite garbage only."""
 
 import pytest
 import torch
 
 import spark_bench
+from spark_bench.kernelgate.memcheck import memcheck
 
 BLOCK = {"heads": 3, "head_dim": 16, "hidden": 40}
 CASES = {  # op: (backend, params, the per-row inputs (the slot index first), the pools)
@@ -15,6 +19,7 @@ CASES = {  # op: (backend, params, the per-row inputs (the slot index first), th
     "kda.block_decode": ("triton", BLOCK, ("slots", "x"), ("conv_state_pool", "state_pool")),
     "kda.block_decode ": ("triton_unfused", BLOCK, ("slots", "x"), ("conv_state_pool", "state_pool")),
 }
+FINITE_GARBAGE_ONLY = {"kda.block_decode "}
 
 
 def err_ratio(out, ref):
@@ -37,8 +42,16 @@ def test_padding_rows(name, batch, pads, seed):
     live = [r for r in range(batch) if r not in pads]
     padded = copy(inputs)
     padded[index][pads] = -1
+    for name_ in per_row[1:]:
+        if padded[name_].is_floating_point():
+            garbage = padded[name_][pads]
+            garbage.copy_(torch.randn(garbage.shape) * 1e4)
+            if name not in FINITE_GARBAGE_ONLY:
+                garbage.view(-1)[0::3], garbage.view(-1)[1::3] = float("nan"), float("inf")
+            padded[name_][pads] = garbage
     before = {p: padded[p].clone() for p in pools}
-    out = op.outputs(op.backends[backend].fn(**padded), padded)
+    with memcheck():
+        out = op.outputs(op.backends[backend].fn(**padded), padded)
     ref_inputs = copy(inputs, live, per_row)
     ref = op.outputs(op.reference(**ref_inputs), ref_inputs) if live else None
     tol = op.tolerance_for("bf16").err_ratio

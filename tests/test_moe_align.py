@@ -106,9 +106,10 @@ def test_gpu_chunking(monkeypatch, seed, tokens, experts, topk, bm, routing):
     """The GPU's chunk sizes (BN = 16384 // next_pow2(E)): many chunks (88 at 700 x 8 slots, E = 160), the prefix
     over chunks in parallel per 16 experts, each scatter program writing its share of tile experts and sentinels;
     or a single chunk (9 x 8 slots: one launch)."""
+    from spark_bench.kernels import common
     from spark_bench.kernels.moe import align
 
-    monkeypatch.setattr(align, "INTERPRET", False)
+    monkeypatch.setattr(common, "WIDEN_WHEN_INTERPRETING", False)  # the GPU's chunk sizes
     inputs = OP.make_inputs({"tokens": tokens, "experts": experts, "topk": topk, "block_m": bm, "routing": routing},
                             seed=seed)
     out = align.moe_align(inputs["topk_ids"], experts, bm)

@@ -134,10 +134,11 @@ def test_the_slot_sum_takes_column_tiles_fastest_unless_token_blocks_exceed_grid
     """_sum_slots' grid is (D/BD, T/BT), whole rows of y_slots in consecutive programs; past CUDA's 65535 cap on grid
     dimension 1 it takes token blocks fastest; both sum each token's rows in order, exactly."""
     import torch
+    from spark_bench.kernels import common
     from spark_bench.kernels.moe import slots
 
     grids = record_grids(slots, "_sum_slots")
-    monkeypatch.setattr(slots, "INTERPRET", False)  # the declared BT = 16, BD = 128 (the interpreter's are wider)
+    monkeypatch.setattr(common, "WIDEN_WHEN_INTERPRETING", False)  # the declared BT = 16, BD = 128, not wider
     part = torch.randn(37 * 3, 200, generator=torch.Generator().manual_seed(0))  # 3 token blocks, 2 column tiles
     want = part.view(37, 3, 200).sum(1)
     config = {"BT": 16, "BD": 128, "FUSE": 0, "num_warps": 4}

@@ -100,8 +100,9 @@ def _gated_norm_conv_shift(o, z, norm_w, y, qkv, conv_pool, slots, eps, D, H: tl
     rstd = 1.0 / tl.sqrt(tl.sum(b_o * b_o, 0) / V + eps)
     b_z = tl.load(z + row + o_v, mask=m_v, other=0.0).to(tl.float32)
     b_w = tl.load(norm_w + o_v, mask=m_v, other=0.0).to(tl.float32)
-    tl.store(y + row + o_v, to_output_dtype(b_o * rstd * b_w * tl.sigmoid(b_z), y, INTERPRET), mask=m_v)
     slot = tl.load(slots + i_n).to(tl.int64)
+    b_y = tl.where(slot >= 0, b_o * rstd * b_w * tl.sigmoid(b_z), 0.0)  # a padding row's z may be anything
+    tl.store(y + row + o_v, to_output_dtype(b_y, y, INTERPRET), mask=m_v)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     _shift_window(qkv, conv_pool, slot, i_n, i_h * K + o_k, m_k, D, W, BW)

@@ -78,21 +78,25 @@ def _recurrent_decode(q, k, v, g, beta, A_log, dt_bias, o, pool, slots, scale, s
                       L2NORM: tl.constexpr, GATE: tl.constexpr, BETA_SIGMOID: tl.constexpr,
                       INTERPRET: tl.constexpr, V_FASTEST: tl.constexpr):
     i_n, i_h, slot, o_k, o_v, m_k, m_v, offs_s, mask_s = state_tile(slots, H, K, V, BK, BV, V_FASTEST)
+    # a padding row (slot < 0) reads none of its inputs: with q, k, v, g, beta and S all 0, its o is exactly 0
+    # whatever garbage it holds (branching around the step instead spilled 8 B in fp32 T = 3 under triton 3.9)
+    m_kl = live_rows(m_k, slot)
+    m_vl = live_rows(m_v, slot)
     S = tl.load(pool + offs_s, mask=mask_s, other=0.0)
     for t in tl.static_range(T):
         row = (i_n * T + t) * H + i_h  # of the contiguous g, beta and o
         p_q = q + i_n * sq_n + t * sq_t + i_h * K + o_k
         p_k = k + i_n * sk_n + t * sk_t + i_h * K + o_k
-        # a padding row reads q as 0, so its o is 0
-        b_q = l2_normalize_rows(tl.load(p_q, mask=live_rows(m_k, slot), other=0.0).to(tl.float32), L2NORM)
-        b_k = l2_normalize_rows(tl.load(p_k, mask=m_k, other=0.0).to(tl.float32), L2NORM)
-        b_g = tl.load(g + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_q = l2_normalize_rows(tl.load(p_q, mask=m_kl, other=0.0).to(tl.float32), L2NORM)
+        b_k = l2_normalize_rows(tl.load(p_k, mask=m_kl, other=0.0).to(tl.float32), L2NORM)
+        b_g = tl.load(g + row * K + o_k, mask=m_kl, other=0.0).to(tl.float32)
         if GATE:
             b_g = kda_decay(b_g, A_log, dt_bias, i_h, o_k, m_k, K)
         b_beta = tl.load(beta + row).to(tl.float32)
         if BETA_SIGMOID:
             b_beta = tl.sigmoid(b_beta)
-        b_v = tl.load(v + i_n * sv_n + t * sv_t + i_h * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+        b_beta = tl.where(slot >= 0, b_beta, 0.0)
+        b_v = tl.load(v + i_n * sv_n + t * sv_t + i_h * V + o_v, mask=m_vl, other=0.0).to(tl.float32)
         S, b_o = delta_step(S, b_q, b_k, b_v, b_g, b_beta, scale)
         tl.store(o + row * V + o_v, to_output_dtype(b_o, o, INTERPRET), mask=m_v)
     tl.store(pool + offs_s, S, mask=mask_s)
