@@ -115,8 +115,8 @@ def env_cmd(as_json: bool, device: str | None) -> None:
 @click.option("--timeout", type=float, default=None, help="Seconds a case may spend in one phase before it is killed.")
 @click.option("--max-time", type=float, default=None, help="Timing budget per case, seconds.")
 @click.option("--budget", default=None, metavar="DURATION",
-              help="Start no new parameter point after this long (90s, 30m, 2h): the tables and report cover what "
-                   "ran, and `--resume` runs the rest.")
+              help="Start no new parameter point this long after the command starts (90, 90s, 30m, 1.5h), the ops' "
+                   "points taken in turn: the tables and report cover what ran, and `--resume` runs the rest.")
 @click.option("--min-samples", type=int, default=None, help="Minimum timed samples per case.")
 @click.option("--target-ci", type=float, default=None, help="Stop when the median's 95% CI is within this fraction.")
 @click.option("--no-flush", is_flag=True, help="Do not flush the cache before each timed call (warm-cache numbers).")

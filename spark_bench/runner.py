@@ -109,8 +109,8 @@ def default_timeout(device: str) -> float:
 
 def budget_left_note(run: dict[str, Any], store: results.RunStore, cases: Sequence[Case], budget_s: float | None,
                      ) -> str | None:
-    """After `run --budget`: records in run.json how many cases the budget left (`stopped_by_budget`, cleared once a
-    later invocation runs them all) and returns the line that says so, or None when nothing is left."""
+    """After `run --budget`: records in run.json how many cases the budget left (`stopped_by_budget`; Runner.run
+    drops it when a later invocation starts on them) and returns the line that says so, or None when none is left."""
     left = [c for c in pending(store, cases) if not c.skip]
     run.pop("stopped_by_budget", None)
     if not left or not budget_s:
