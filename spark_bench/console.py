@@ -285,8 +285,10 @@ class SweepProgress:
 
     PRIOR_SHARE, PRIOR_MAX_S = 0.1, 30.0
 
-    def __init__(self, total: int, out: Console, expected: dict[str, float] | None = None) -> None:
+    def __init__(self, total: int, out: Console, expected: dict[str, float] | None = None,
+                 deadline: float | None = None) -> None:
         self.out, self.total, self.done, self.skipped = out, total, 0, 0
+        self.deadline = deadline  # `run --budget`: no new point after it, so the ETA is at most the time left to it
         self.expected = expected or {}
         self.expected_left = sum(self.expected.values())
         self.prior_s = min(self.PRIOR_MAX_S, self.PRIOR_SHARE * self.expected_left)
@@ -323,6 +325,13 @@ class SweepProgress:
         measured = self.done - self.skipped
         return elapsed / measured * (self.total - self.done) if measured else 0.0
 
+    def eta_text(self, elapsed: float) -> str:
+        """The ETA, capped by the budget's deadline (and then labelled so: the points begun still finish)."""
+        eta = self.eta(elapsed)
+        if self.deadline is not None and self.deadline - time.monotonic() < eta:
+            return f"{max(0.0, self.deadline - time.monotonic()):.0f}s budget"
+        return f"{eta:.0f}s"
+
     def result(self, case, record: dict[str, Any]) -> None:
         self.done += 1
         weight = self.expected.get(case.case_id, 0.0)
@@ -333,7 +342,7 @@ class SweepProgress:
         elapsed = time.monotonic() - self.started
         if self.progress:  # the bar counts the cases that run: skipped ones leave its total
             self.progress.update(self.task, completed=self.done - self.skipped, total=self.total - self.skipped,
-                                 eta=f"{self.eta(elapsed):.0f}s")
+                                 eta=self.eta_text(elapsed))
             if record["status"] in FAILED:
                 detail = (f"{case.op} {backend_label(case)} {fmt_params(case.params)} {case.dtype}"
                           f"{weights_note(record)}: {record.get('error') or ''}")
@@ -344,7 +353,7 @@ class SweepProgress:
             self.folded_at = self.done
             return
         self._print_folded()
-        self.out.print(f"[{self.done}/{self.total} {elapsed:.0f}s eta {self.eta(elapsed):.0f}s] "
+        self.out.print(f"[{self.done}/{self.total} {elapsed:.0f}s eta {self.eta_text(elapsed)}] "
                        f"{record['status']:8s} {case.op} {backend_label(case)} {fmt_params(case.params)} "
                        f"{case.dtype} {latency_cell(record)} us{weights_note(record)}",
                        markup=False, soft_wrap=True)  # one line per case in logs, however long

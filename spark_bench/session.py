@@ -354,7 +354,7 @@ class Session:
         labels = weight_labels(todo, self.spec)
         slots = getattr(executor, "slots", None) or [None]
         timeline = PhaseTimeline(tele, one_device=getattr(executor, "name", "local") != "ray" and len(slots) == 1)
-        with SweepProgress(len(todo), out, expected=expected) as progress, timeline:
+        with SweepProgress(len(todo), out, expected=expected, deadline=deadline) as progress, timeline:
             roofline = self.store.read_run().get("roofline")
             Runner(self.store, self.cfg, timeout_s=self.timeout_s, device=self.spec.device,
                    on_phase=timeline.wrap(progress.phase), on_result=progress.result, executor=executor,

@@ -132,6 +132,20 @@ def test_eta_weighs_the_cases_left_by_their_estimates(monkeypatch):
     assert _eta(buf.getvalue()) == 4
 
 
+def test_a_budget_caps_the_eta_and_says_so(monkeypatch):
+    """Under `run --budget` no point starts after the deadline: the ETA is the time left to it, labelled."""
+    cases = [_case("torch", 1), _case("torch", 2), _case("triton", 3)]
+    expected = {cases[0].case_id: 1.0, cases[1].case_id: 1.0, cases[2].case_id: 100.0}
+    progress, buf = _progress(expected, total=3, monkeypatch=monkeypatch, elapsed=2.0)
+    progress.deadline = progress.started + 30.0  # 28 s of budget left at 2 s, against a 110 s estimate
+    progress.result(cases[0], {"status": "ok", "timing": None})
+    assert "eta 28s budget]" in buf.getvalue()
+    progress.deadline = progress.started + 500.0  # the estimate ends first: the plain ETA
+    progress.result(cases[1], {"status": "ok", "timing": None})
+    last = buf.getvalue().splitlines()[-1]
+    assert "budget" not in last and _eta(last) > 28
+
+
 def test_estimates_of_zero_seconds_fall_back_to_counting_cases(monkeypatch):
     cases = [_case("vllm", 1), _case("torch", 2)]
     progress, buf = _progress({c.case_id: 0.0 for c in cases}, total=2, monkeypatch=monkeypatch, elapsed=4.0)
