@@ -110,10 +110,12 @@ def default_timeout(device: str) -> float:
 def budget_left_note(run: dict[str, Any], store: results.RunStore, cases: Sequence[Case], budget_s: float | None,
                      ) -> str | None:
     """After `run --budget`: records in run.json how many cases the budget left (`stopped_by_budget`; Runner.run
-    drops it when a later invocation starts on them) and returns the line that says so, or None when none is left."""
+    drops it when a later invocation starts on them) and returns the line that says so, or None when none is left.
+    Without a budget it reads nothing."""
+    if not budget_s:
+        return None
     left = [c for c in pending(store, cases) if not c.skip]
-    run.pop("stopped_by_budget", None)
-    if not left or not budget_s:
+    if not left:
         return None
     run["stopped_by_budget"] = {"budget_s": budget_s, "cases_left": len(left)}
     return (f"budget of {budget_s:g} s reached: {len(cases) - len(left)} of {len(cases)} cases are in {store.path} "

@@ -42,13 +42,13 @@ def test_padding_rows(name, batch, pads, seed):
     live = [r for r in range(batch) if r not in pads]
     padded = copy(inputs)
     padded[index][pads] = -1
-    for name_ in per_row[1:]:
-        if padded[name_].is_floating_point():
-            garbage = padded[name_][pads]
+    for row_input in per_row[1:]:
+        if padded[row_input].is_floating_point():
+            garbage = padded[row_input][pads]
             garbage.copy_(torch.randn(garbage.shape) * 1e4)
             if name not in FINITE_GARBAGE_ONLY:
                 garbage.view(-1)[0::3], garbage.view(-1)[1::3] = float("nan"), float("inf")
-            padded[name_][pads] = garbage
+            padded[row_input][pads] = garbage
     before = {p: padded[p].clone() for p in pools}
     with memcheck():
         out = op.outputs(op.backends[backend].fn(**padded), padded)

@@ -2,7 +2,7 @@
 `ssm_state_indices` [N]. One program per (sequence, head, BV columns): the state tile [K, BV] stays in registers
 for the sequence's T tokens and is written back once. Slots not indexed are never touched. A negative slot (vLLM's
 PAD_SLOT_ID = -1, the rows a CUDA-graph batch is padded with) is a padding row: no state is read or written and its
-outputs are zero (vLLM's kernels skip such rows; fla's and the torch backends do not check).
+outputs are zero (fla's kernel and the torch backends do not check for it).
 
 Per token (fp32): S *= exp(g)[:, None]; u = beta * (v - k @ S); S += outer(k, u); o = (scale * q) @ S,
 with the q/k L2 norm, the gate and the beta sigmoid optionally fused (flags as in chunk_prep.py). q, k and v

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from spark_bench import triton_env
 from spark_bench.devices import use_device
-from spark_bench.executors.base import Executor, RunContext, Sink, Slot, stamp
+from spark_bench.executors.base import Executor, Pending, RunContext, Sink, Slot, stamp
 from spark_bench.sweep import Case
 
 
@@ -31,11 +31,8 @@ class InProcessExecutor(Executor):
         slot = Slot("inprocess", ctx.device, index=int(index) if index.isdigit() else None)
         by_id = {c.case_id: c for c in cases}
         runner = CaseRunner(self.registry, phase=lambda case_id, phase: sink.phase(by_id[case_id], phase))
-        last_point = None
-        for case in cases:
-            if case.group != last_point and ctx.deadline is not None and time.monotonic() >= ctx.deadline:
-                break  # `run --budget`: no new parameter point
-            last_point = case.group
+        pending = Pending(cases, ctx.deadline)  # a point at a time, as the local executor; none new past the deadline
+        while (case := pending.next(slot.label)) is not None:
             sink.phase(case, "start")
             t0 = time.monotonic()
             record = stamp(runner.run(case, ctx.cfg, ctx.n_sets), slot)
