@@ -65,6 +65,55 @@ def test_a_read_that_lands_in_the_next_arguments_storage_is_caught():
         in str(out_of_bounds_in(info.value))
 
 
+@triton.jit
+def _shifted_sum(a, b, out, stride, n, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
+    """out[r, c] = a[r, c] + b[r, c + SHIFT] for c < n (rows `stride` elements apart in all three)."""
+    row, c = tl.program_id(0), tl.arange(0, BLOCK)
+    x = tl.load(a + row * stride + c, mask=c < n) + tl.load(b + row * stride + c + SHIFT, mask=c < n)
+    tl.store(out + row * stride + c, x, mask=c < n)
+
+
+def fused_qkv(rows: int, cols: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """[rows, 3 cols] and its q, k, v column views (as a fused projection is split)."""
+    qkv = torch.randn(rows, 3 * cols, generator=torch.Generator().manual_seed(seed))
+    return (qkv, *qkv.split(cols, dim=1))
+
+
+@pytest.mark.parametrize("rows,cols,seed", [(3, 7, 0), (5, 16, 1)])
+def test_a_view_reading_its_neighbours_columns_in_one_storage_is_caught(rows, cols, seed):
+    """k and v split from one fused qkv tensor share a storage: a read of k one column to the left lands in q's last
+    column, a byte of the launch's storages all the same. Each view is checked against its own elements."""
+    qkv, q, k, v = fused_qkv(rows, cols, seed)
+    out = torch.empty(rows, 3 * cols)[:, :cols]
+    with memcheck():
+        _shifted_sum[(rows,)](v, k, out, 3 * cols, cols, SHIFT=0, BLOCK=32)
+        assert torch.equal(out, v + k)
+        with pytest.raises(Exception) as info:
+            _shifted_sum[(rows,)](v, k, out, 3 * cols, cols, SHIFT=-1, BLOCK=32)
+    cause = str(out_of_bounds_in(info.value))
+    assert "_shifted_sum program (0, 0, 0): load of 1 of" in cause, cause
+    assert f"at byte {4 * (cols - 1)} of `b`'s storage ({12 * rows * cols} bytes), outside its view " \
+           f"(shape [{rows}, {cols}], strides [{3 * cols}, 1], offset {cols})" in cause
+
+
+@pytest.mark.parametrize("rows,cols,seed", [(3, 7, 2), (4, 33, 3)])
+def test_writes_through_disjoint_views_of_one_storage_all_come_back(rows, cols, seed):
+    """Disjoint views get a copy each for the launch; what the kernel wrote through each reaches the caller's
+    storage, and the columns no argument views keep their values. Overlapping views share one copy: the kernel sees
+    its own writes through the other view (in place)."""
+    qkv, q, k, v = fused_qkv(rows, cols, seed)
+    before = qkv.clone()
+    with memcheck():
+        _shifted_sum[(rows,)](q, q, k, 3 * cols, cols, SHIFT=0, BLOCK=64)  # k = 2 q
+        _shifted_sum[(rows,)](q, k, v, 3 * cols, cols, SHIFT=0, BLOCK=64)  # v = q + k = 3 q, reading k's new values
+    assert torch.equal(q, before[:, :cols])
+    assert torch.equal(k, 2 * q) and torch.equal(v, q + 2 * q)
+    wide = qkv[:, :2 * cols]  # overlaps q and k: one copy, so the launch reads what it writes through `wide`
+    with memcheck():
+        _shifted_sum[(rows,)](q, wide, q, 3 * cols, cols, SHIFT=cols, BLOCK=64)  # q += k
+    assert torch.equal(q, before[:, :cols] + 2 * before[:, :cols])
+
+
 def test_an_atomic_past_the_end_is_caught():
     counter = torch.zeros(4, dtype=torch.int32)
     with memcheck():

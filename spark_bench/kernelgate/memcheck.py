@@ -1,10 +1,12 @@
 """Out-of-bounds loads and stores of Triton kernels, found without a GPU: the interpreter with every access checked.
 
-Under `memcheck()`, each interpreted launch records the storages its tensor arguments live in, and every load, store
-and atomic checks that each address its mask lets through lies, with its element's bytes, inside one of them. A
-violation raises `OutOfBounds`, naming the kernel, the program, the access and where the address points (bytes past
-or before the nearest argument's storage). This is the interpreter's compute-sanitizer: stricter than a GPU, which
-faults only outside mapped memory (an out-of-bounds read inside the caching allocator's pool goes unnoticed there).
+Under `memcheck()`, each interpreted launch records the elements its tensor arguments view (a view's, not its
+storage's: `k` split from a fused qkv tensor may not read `q`'s columns), and every load, store and atomic checks that
+each address its mask lets through lies, with its element's bytes, inside one of them. A violation raises
+`OutOfBounds`, naming the kernel, the program, the access and where the address points (bytes past or before the
+nearest argument's storage, or the view it falls outside of). This is the interpreter's compute-sanitizer: stricter
+than a GPU, which faults only outside mapped memory (an out-of-bounds read inside the caching allocator's pool goes
+unnoticed there).
 
 With `target` (a `kernelgate.targets.Target`), wrappers size their grids and pick their configs as on that GPU
 (`triton_env.set_capture_target`): its SM count, its per-target config rules. So the launches checked are the ones the
@@ -55,14 +57,91 @@ def _tensors(name: str, arg) -> list[tuple[str, object]]:
 GUARD_BYTES = 1 << 16  # unmapped-to-any-argument bytes on each side of every argument's storage during a launch
 
 
-def guarded(args: list, keep: list) -> list:
-    """The launch's host arguments with every tensor's storage copied into the middle of a buffer GUARD_BYTES larger
-    on each side (views of one storage stay views of one copy; `keep` holds the buffers). Without it, a read past the
-    end of one argument that lands in the next allocation (the CPU allocator packs them) passed as in bounds. The
-    interpreter copies each host storage back into the caller's after the launch (`_restore_args_dev`)."""
+@dataclasses.dataclass
+class Region:
+    """Memory a launch may touch: a guarded copy of an argument's storage at [lo, hi), and which of its bytes the
+    arguments placed in it view (`allowed`, one bool per byte; None: all of them)."""
+
+    lo: int
+    hi: int
+    name: str
+    allowed: np.ndarray | None = None
+    views: list = dataclasses.field(default_factory=list)  # (shape, strides, offset) of each argument view in it
+
+
+def _view_bytes(tensor, nbytes: int) -> np.ndarray | None:
+    """One bool per byte of the tensor's storage: True where the view has an element; None when it covers it all."""
+    size = tensor.element_size()
+    if tensor.is_contiguous() and tensor.storage_offset() == 0 and tensor.numel() * size == nbytes:
+        return None
+    elements = torch.zeros(nbytes // size, dtype=torch.bool)
+    if tensor.numel():
+        elements.as_strided(tensor.size(), tensor.stride(), tensor.storage_offset()).fill_(True)
+    allowed = np.zeros(nbytes, dtype=bool)
+    allowed[:elements.numel() * size] = np.repeat(elements.numpy(), size)
+    return allowed
+
+
+def _union(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+    return None if a is None or b is None else a | b
+
+
+def _overlap(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return a is None or b is None or bool((a & b).any())
+
+
+def guarded(names: list[str], args: list, keep: list) -> tuple[list, list[Region]]:
+    """The launch's host arguments with every tensor view moved into a copy of its storage in the middle of a buffer
+    GUARD_BYTES larger on each side (`keep` holds the buffers), and the regions the launch may touch. Views of one
+    storage that share a byte share a copy (in-place and aliased arguments stay aliased); views that do not each get
+    their own (q, k and v split from one fused qkv tensor), so a read of `k` that lands in `q`'s columns is out of
+    bounds, as is any byte of a storage outside every view placed in its copy. Without the guards, a read past the
+    end of one argument that lands in the next allocation (the CPU allocator packs them) passed as in bounds.
+    `restore` copies the host copies back into the caller's tensors after the launch."""
     from triton.runtime import interpreter
 
-    copies: dict[int, Any] = {}
+    found: list[tuple[str, Any]] = []  # (name, unwrapped tensor) of every tensor view, in order
+
+    def collect(name, arg):
+        for label, tensor in _tensors(name, arg):
+            tensor = interpreter._unwrap_tensor(tensor)
+            if tensor.untyped_storage().nbytes():
+                found.append((label, tensor))
+
+    for name, arg in zip(names, args, strict=True):
+        collect(name, arg)
+    groups: list[dict] = []  # {"storage", "allowed", "names", "views"}: one copy each
+    slot: dict[int, dict] = {}  # id(tensor) -> its group
+    for label, tensor in found:
+        storage = tensor.untyped_storage()
+        allowed = _view_bytes(tensor, storage.nbytes())
+        mates = [g for g in groups if g["storage"].data_ptr() == storage.data_ptr() and _overlap(g["allowed"], allowed)]
+        group = mates[0] if mates else {"storage": storage, "allowed": allowed, "names": [], "views": []}
+        if not mates:
+            groups.append(group)
+        for other in mates[1:]:  # this view joins groups that were disjoint until now
+            group["allowed"] = _union(group["allowed"], other["allowed"])
+            group["names"] += other["names"]
+            group["views"] += other["views"]
+            groups.remove(other)
+            for key, g in list(slot.items()):
+                if g is other:
+                    slot[key] = group
+        if mates:
+            group["allowed"] = _union(group["allowed"], allowed)
+        if label not in group["names"]:
+            group["names"].append(label)
+        group["views"].append((tuple(tensor.size()), tuple(tensor.stride()), tensor.storage_offset()))
+        slot[id(tensor)] = group
+    regions = []
+    for group in groups:
+        nbytes = group["storage"].nbytes()
+        buffer = torch.empty(nbytes + 2 * GUARD_BYTES, dtype=torch.uint8)
+        keep.append(buffer)
+        group["copy"] = buffer.untyped_storage()[GUARD_BYTES:GUARD_BYTES + nbytes]
+        group["copy"].copy_(group["storage"])
+        lo = group["copy"].data_ptr()
+        regions.append(Region(lo, lo + nbytes, " / ".join(group["names"]), group["allowed"], group["views"]))
 
     def one(arg):
         if isinstance(arg, tuple):
@@ -73,54 +152,56 @@ def guarded(args: list, keep: list) -> list:
                 return dataclasses.replace(arg, base=one(base)) if dataclasses.is_dataclass(arg) else arg
             return arg
         tensor = interpreter._unwrap_tensor(arg)
-        storage = tensor.untyped_storage()
-        if storage.nbytes() == 0:
+        group = slot.get(id(tensor))
+        if group is None:  # an empty storage
             return arg
-        if storage.data_ptr() not in copies:
-            buffer = torch.empty(storage.nbytes() + 2 * GUARD_BYTES, dtype=torch.uint8)
-            keep.append(buffer)
-            copy = buffer.untyped_storage()[GUARD_BYTES:GUARD_BYTES + storage.nbytes()]
-            copy.copy_(storage)
-            copies[storage.data_ptr()] = copy
-        moved = tensor.new_empty(0).set_(copies[storage.data_ptr()], tensor.storage_offset(), tensor.size(),
-                                         tensor.stride())
+        moved = tensor.new_empty(0).set_(group["copy"], tensor.storage_offset(), tensor.size(), tensor.stride())
         return interpreter._rewrap_tensor(moved, original_tensor=arg)
 
-    return [one(a) for a in args]
+    return [one(a) for a in args], sorted(regions, key=lambda r: r.lo)
 
 
-def _ranges(names: list[str], args: list) -> list[tuple[int, int, str]]:
-    """[(lo, hi, argument)] of every tensor argument's storage (views of one storage share it)."""
-    out, seen = [], set()
-    for name, arg in zip(names, args, strict=False):
-        for label, tensor in _tensors(name, arg):
-            storage = tensor.untyped_storage()
-            lo = storage.data_ptr()
-            if lo in seen or storage.nbytes() == 0:
-                continue
-            seen.add(lo)
-            out.append((lo, lo + storage.nbytes(), label))
-    return sorted(out)
+def restore(args_dev: list, args_hst: list) -> None:
+    """Copy what the launch wrote back into the caller's tensors: a storage with one copy whole, one split into
+    several copies (disjoint views) view by view."""
+    from triton.runtime import interpreter
+
+    pairs: dict[int, list] = {}
+    for dev, hst in zip(args_dev, args_hst, strict=True):
+        for (_, d), (_, h) in zip(_tensors("", dev), _tensors("", hst), strict=True):
+            d, h = interpreter._unwrap_tensor(d), interpreter._unwrap_tensor(h)
+            pairs.setdefault(d.untyped_storage().data_ptr(), []).append((d, h))
+    for views in pairs.values():
+        copies = {h.untyped_storage().data_ptr() for _, h in views}
+        if len(copies) == 1:
+            views[0][0].untyped_storage().copy_(views[0][1].untyped_storage())
+        else:
+            for d, h in views:
+                d.copy_(h)
 
 
-def _where(address: int, ranges: list[tuple[int, int, str]]) -> str:
-    """Where a bad address points, relative to the nearest argument's storage."""
-    if not ranges:
+def _where(address: int, regions: list[Region]) -> str:
+    """Where a bad address points, relative to the nearest argument's storage or view."""
+    if not regions:
         return "the launch has no tensor arguments"
-    lo, hi, name = min(ranges, key=lambda r: min(abs(address - r[0]), abs(address - r[1])))
-    if address >= hi:
-        return f"{address - hi} bytes past the end of `{name}` ({hi - lo} bytes)"
-    if address < lo:
-        return f"{lo - address} bytes before `{name}` ({hi - lo} bytes)"
-    return f"at byte {address - lo} of `{name}` ({hi - lo} bytes), its element crossing the end"
+    r = min(regions, key=lambda r: min(abs(address - r.lo), abs(address - r.hi)))
+    if address >= r.hi:
+        return f"{address - r.hi} bytes past the end of `{r.name}` ({r.hi - r.lo} bytes)"
+    if address < r.lo:
+        return f"{r.lo - address} bytes before `{r.name}` ({r.hi - r.lo} bytes)"
+    views = "; ".join(f"shape {list(s)}, strides {list(st)}, offset {o}" for s, st, o in r.views)
+    if r.allowed is not None and not r.allowed[address - r.lo]:
+        return (f"at byte {address - r.lo} of `{r.name}`'s storage ({r.hi - r.lo} bytes), outside its view "
+                f"({views})")
+    return f"at byte {address - r.lo} of `{r.name}` ({r.hi - r.lo} bytes), its element crossing the end of its view"
 
 
 def check(kind: str, ptrs, mask, itemsize: int) -> None:
-    """Raise OutOfBounds when an address that `mask` lets through (all, when None) is outside the launch's storages."""
+    """Raise OutOfBounds when an address that `mask` lets through (all, when None) is outside the launch's views."""
     launch = getattr(_state, "launch", None)
     if launch is None:
         return
-    name, ranges, los, his, grid_idx = launch
+    name, regions, los, his, grid_idx = launch
     addresses = np.asarray(ptrs, dtype=np.uint64)
     if mask is not None:
         addresses = addresses[np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape)]
@@ -128,12 +209,18 @@ def check(kind: str, ptrs, mask, itemsize: int) -> None:
     if addresses.size == 0:
         return
     index = np.searchsorted(los, addresses, side="right") - 1
-    inside = ((index >= 0) & (addresses + itemsize <= his[np.maximum(index, 0)]) if ranges
+    inside = ((index >= 0) & (addresses + itemsize <= his[np.maximum(index, 0)]) if regions
               else np.zeros(addresses.shape, dtype=bool))  # no tensor argument: nothing is in bounds
+    for i in np.unique(index[inside]):
+        allowed = regions[i].allowed
+        if allowed is not None:
+            at = np.flatnonzero(inside & (index == i))
+            offsets = addresses[at] - regions[i].lo
+            inside[at] = allowed[offsets] & allowed[offsets + itemsize - 1]
     if not inside.all():
         bad = addresses[~inside]
         raise OutOfBounds(f"{name} program {grid_idx()}: {kind} of {bad.size} of {addresses.size} elements out of "
-                          f"bounds; the first {_where(int(bad[0]), ranges)}")
+                          f"bounds; the first {_where(int(bad[0]), regions)}")
 
 
 def edge_programs(index: tuple, grid: tuple, width: int = 2) -> bool:
@@ -167,13 +254,15 @@ def memcheck(target=None, programs=None, on_launch=None) -> Iterator[dict[str, i
     def init_args(self, args_dev, kwargs):  # the host copies the kernel's pointers point into, guarded
         args_hst, kwargs_hst = saved_init(self, args_dev, kwargs)
         _state.buffers = []  # the guarded copies live until the next launch of this thread
-        moved = guarded([*args_hst, *kwargs_hst.values()], _state.buffers)
-        args_hst, kwargs_hst = moved[:len(args_hst)], dict(zip(kwargs_hst, moved[len(args_hst):], strict=True))
         names = [*self.arg_names[:len(args_hst)], *kwargs_hst]
-        ranges = _ranges(names, [*args_hst, *kwargs_hst.values()])
-        bounds = (np.array([r[0] for r in ranges], dtype=np.int64), np.array([r[1] for r in ranges], dtype=np.int64))
-        _state.launch = (self.fn.__name__, ranges, *bounds, lambda: tuple(interpreter.interpreter_builder.grid_idx))
+        moved, regions = guarded(names, [*args_hst, *kwargs_hst.values()], _state.buffers)
+        args_hst, kwargs_hst = moved[:len(args_hst)], dict(zip(kwargs_hst, moved[len(args_hst):], strict=True))
+        bounds = (np.array([r.lo for r in regions], dtype=np.int64), np.array([r.hi for r in regions], dtype=np.int64))
+        _state.launch = (self.fn.__name__, regions, *bounds, lambda: tuple(interpreter.interpreter_builder.grid_idx))
         return args_hst, kwargs_hst
+
+    def restore_args(self, args_dev, args_hst, kwargs, kwargs_hst):
+        restore([*args_dev, *(kwargs[k] for k in kwargs_hst)], [*args_hst, *kwargs_hst.values()])
 
     def call(self, *args, **kwargs):
         previous, grid = getattr(_state, "launch", None), self.grid
@@ -214,7 +303,8 @@ def memcheck(target=None, programs=None, on_launch=None) -> Iterator[dict[str, i
     if target is not None:
         triton_env.set_capture_target(target)
     try:
-        with (patched(builder, hooks), patched(executor, {"__call__": call, "_init_args_hst": init_args}),
+        with (patched(builder, hooks), patched(executor, {"__call__": call, "_init_args_hst": init_args,
+                                      "_restore_args_dev": restore_args}),
               as_on_gpu()):
             yield counts
     finally:
