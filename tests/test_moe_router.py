@@ -211,3 +211,25 @@ def test_tickets_are_not_first_allocated_inside_a_graph_capture(monkeypatch):
     with pytest.raises(RuntimeError, match="first allocated inside a CUDA graph capture"):
         common.tickets("moe.router", "cuda:0", 8)
     assert common.tickets("moe.router", "cpu", 8).eq(0).all()  # no capture on a CPU
+
+
+@pytest.mark.parametrize("path", ["rows", "split"])
+@pytest.mark.parametrize("seed, experts, topk, groups, topk_groups", [(1, 20, 4, 4, 2), (2, 24, 3, 1, 1),
+                                                                      (3, 130, 8, 1, 1)])
+def test_a_nan_row_still_selects_k_distinct_experts_below_e(path, seed, experts, topk, groups, topk_groups):
+    """A NaN in a token's hidden state (or the bias) makes its logits NaN: its K ids must still be distinct experts
+    < E (the experts index their weights with them; argmax's NaN handling differs between the GPU and the
+    interpreter, which picked expert 0 K times); its weights are NaN, and the other rows are untouched."""
+    from spark_bench.kernels.moe.router import route
+
+    p = params(9, experts=experts, topk=topk, groups=groups, topk_groups=topk_groups)
+    inputs = OP.make_inputs(p, seed=seed)
+    x = inputs["x"].clone()
+    x[2], x[5, 3] = float("nan"), float("nan")
+    w, ids = route(x, inputs["gate_w"], inputs["gate_bias"], topk, groups, topk_groups, 2.5, path=path)
+    for row in (2, 5):
+        assert sorted(ids[row].tolist()) == sorted(set(ids[row].tolist())), ids[row]
+        assert 0 <= int(ids[row].min()) and int(ids[row].max()) < experts and w[row].isnan().all()
+    live = [t for t in range(9) if t not in (2, 5)]
+    assert_same_routing((w[live], ids[live]), loop_router(x[live], inputs["gate_w"], inputs["gate_bias"], topk,
+                                                          groups, topk_groups, 2.5))

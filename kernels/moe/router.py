@@ -63,7 +63,12 @@ def _select_rows(logits, o_t, m_t, bias, out_w, out_ids, scale, E: tl.constexpr,
     m_e = o_e < E
     scores = 1.0 / (1.0 + tl.exp(-logits))
     choice = scores + tl.load(bias + o_e, mask=m_e, other=0.0)[None, :]
-    choice = tl.where(m_e[None, :], choice, float("-inf"))
+    # NaN (a NaN input row or bias) ranks below every number and above the padding lanes, so the K picks stay
+    # distinct experts < E: argmax's NaN handling differs between the GPU and the interpreter, and a padding lane's
+    # id would make the experts read past their weights. tl.maximum returns the non-NaN operand on both (a nested
+    # tl.where spilled 4 B in `_router_rows` at E = 256, 16 warps under 3.9); -1e30, not -inf: two still sum to a
+    # group score.
+    choice = tl.where(m_e[None, :], tl.maximum(choice, -1e30), float("-inf"))
     if G > 1:
         # group score = sum of the top-2 biased scores of the group; keep the best TG groups, -inf the rest
         group = o_e // (E // G)
