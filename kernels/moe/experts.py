@@ -169,7 +169,7 @@ def grouped_experts(x, topk_ids, topk_weights, groups, experts, inter, block_m, 
             h, w2, topk_weights, y_slots, sorted_ids, expert_ids, num_post, lo, hi, D, I, P, tiles, BM=block_m,
             BN=down_bn, BK=down_bk, GROUP_M=group_m or down["GROUP_M"], UPCAST_DOT=INTERPRET,
             RNE=rounds_bf16(y_slots.dtype), **down_options)
-    return sum_slots(y_slots, T, x.dtype)
+    return sum_slots(y_slots, T, x.dtype, ids=topk_ids.reshape(-1), experts=experts)
 
 
 def block_m_for(slots: int, experts: int) -> int:

@@ -44,25 +44,26 @@ PARTS_BUDGET = 32  # slices of D x slots: bounds the partials' re-reads (see dec
 
 
 @triton.jit
-def _group(topk_ids, p, P, BP: tl.constexpr):
-    """(leads, e, o_q, in_group): slot p's expert, whether p is its first slot within its window of BP slots, and
-    the window's slots routed to it."""
+def _group(topk_ids, p, P, E, BP: tl.constexpr):
+    """(leads, e, o_q, in_group, in_group_routed): slot p's expert, whether p is its first slot within its window of
+    BP slots, the window's slots routed to it, and those of them routed to an expert: an id outside [0, E) (vLLM's
+    -1 for another rank's expert) adds nothing, its group reading expert 0's weights in bounds against zeros."""
     o_q = p // BP * BP + tl.arange(0, BP)
     ids = tl.load(topk_ids + o_q, mask=o_q < P, other=-1)
     e = tl.load(topk_ids + p)
-    same = ids == e
+    same = (ids == e) & (o_q < P)  # not the padding lanes' -1 when e is -1
     leads = tl.sum((same & (o_q < p)).to(tl.int32), axis=0) == 0
-    return leads, e.to(tl.int64), o_q, same
+    return leads, tl.where((e >= 0) & (e < E), e, 0).to(tl.int64), o_q, same, same & (ids >= 0) & (ids < E)
 
 
 @triton.jit
-def _decode_swiglu(x, w13, h, topk_ids, P, D, I, D_SPLIT, S1, LEAD_STRIDE, K: tl.constexpr, BN: tl.constexpr,
+def _decode_swiglu(x, w13, h, topk_ids, P, D, I, E, D_SPLIT, S1, LEAD_STRIDE, K: tl.constexpr, BN: tl.constexpr,
                    BK: tl.constexpr, BP: tl.constexpr, PARTS: tl.constexpr, UPCAST_DOT: tl.constexpr,
                    RNE: tl.constexpr):
     """Program (p*S1 + s, n-tile): the gate and up dots of slot p's group over slice s of D. PARTS (S1 > 1): fp32
     partials h[q*S1 + s] = [gate | up] ([P*S1, 2I]) for _decode_down to finish; else bf16 h[q] = SwiGLU."""
     i_ps, i_n = tl.program_id(0), tl.program_id(1)
-    leads, e, o_q, same = _group(topk_ids, i_ps // S1 * LEAD_STRIDE, P, BP)
+    leads, e, o_q, same, routed = _group(topk_ids, i_ps // S1 * LEAD_STRIDE, P, E, BP)
     if leads:
         s = i_ps % S1
         o_n = i_n * BN + tl.arange(0, BN)
@@ -75,7 +76,7 @@ def _decode_swiglu(x, w13, h, topk_ids, P, D, I, D_SPLIT, S1, LEAD_STRIDE, K: tl
         for k0 in range(s * D_SPLIT, k_end, BK):
             o_k = k0 + tl.arange(0, BK)
             m_k = o_k < k_end
-            xt = tl.load(x_col + o_k[:, None], mask=m_k[:, None] & same[None, :], other=0.0)
+            xt = tl.load(x_col + o_k[:, None], mask=m_k[:, None] & routed[None, :], other=0.0)
             m_w = m_n[:, None] & m_k[None, :]
             wg = tl.load(w_gate + o_k[None, :], mask=m_w, other=0.0)
             wu = tl.load(w_gate + I * D + o_k[None, :], mask=m_w, other=0.0)
@@ -112,13 +113,13 @@ def _h_tile(h, o_q, same, o_k, m_k, I, S1, PARTS: tl.constexpr):
 
 
 @triton.jit
-def _decode_down(h, w2, topk_ids, topk_weights, part, y, tickets, T, R, P, D, I, I_SPLIT, S, S1, LEAD_STRIDE,
+def _decode_down(h, w2, topk_ids, topk_weights, part, y, tickets, T, R, P, D, I, E, I_SPLIT, S, S1, LEAD_STRIDE,
                  BN: tl.constexpr, BK: tl.constexpr, BP: tl.constexpr, PARTS: tl.constexpr, FUSE: tl.constexpr,
                  RP: tl.constexpr, RNE: tl.constexpr, UPCAST_DOT: tl.constexpr):
     """part[q*S + s, n-tile] for the group of the program's slot; FUSE: the tile's last program sums y (slots.py)."""
     i_ps, i_n = tl.program_id(0), tl.program_id(1)
     i_s = i_ps % S
-    leads, e, o_q, same = _group(topk_ids, i_ps // S * LEAD_STRIDE, P, BP)
+    leads, e, o_q, same, _ = _group(topk_ids, i_ps // S * LEAD_STRIDE, P, E, BP)  # h is 0 where not routed
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < D
     if leads:
@@ -190,8 +191,8 @@ def decode(x, topk_ids, topk_weights, w13, w2, split_i: int | None = None, split
     parts = S1 > 1
     h = torch.empty((P * S1, 2 * I) if parts else (P, I), dtype=torch.float32 if parts else x.dtype,
                     device=x.device)
-    _decode_swiglu[(leaders * S1, triton.cdiv(I, BN))](x, w13, h, topk_ids, P, D, I, d_split, S1, stride, K=K, BN=BN,
-                                                       BK=BK, BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET,
+    _decode_swiglu[(leaders * S1, triton.cdiv(I, BN))](x, w13, h, topk_ids, P, D, I, E, d_split, S1, stride, K=K,
+                                                       BN=BN, BK=BK, BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET,
                                                        RNE=rounds_bf16(h.dtype), **options)
     meta, options = split(DOWN_CONFIGS.pick(P=P, D=D, I=I))
     # PARTS: the gate and up sums are two more fp32 [BK, BP] tiles. At BK * BP = 4096 and 2048 ptxas spilled 4 B on
@@ -204,7 +205,7 @@ def decode(x, topk_ids, topk_weights, w13, w2, split_i: int | None = None, split
     part = torch.empty((P * S, D), dtype=torch.float32, device=x.device)
     slot_sum = FusedSum("moe.experts_decode._decode_down", T, D, K * S, x.dtype, x.device)
     _decode_down[(leaders * S, triton.cdiv(D, BN))](h, w2, topk_ids, topk_weights, part, P=P, D=D, I=I,
-                                                    I_SPLIT=i_split, S=S, S1=S1, LEAD_STRIDE=stride, BN=BN, BK=BK,
+                                                    E=E, I_SPLIT=i_split, S=S, S1=S1, LEAD_STRIDE=stride, BN=BN, BK=BK,
                                                     BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET,
                                                     **slot_sum.kernel_args(part, triton.cdiv(D, BN)), **options)
     return slot_sum.finish(part)

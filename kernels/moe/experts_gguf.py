@@ -172,7 +172,7 @@ def _grouped(x, ids, weights, w13, w2, T, D, E, I, K):
                                              BM=BM, UPCAST_DOT=INTERPRET, **meta, **options)
     _grouped_down[(tiles, triton.cdiv(D, BN))](h, sorted_ids, expert_ids, num_post, weights, w2, out, P, D, I,
                                                w2.shape[2], BM=BM, UPCAST_DOT=INTERPRET, **meta, **options)
-    return sum_slots(out, T, x.dtype)
+    return sum_slots(out, T, x.dtype, ids=ids, experts=E)
 
 
 def dequant_groups(E: int, I: int, D: int) -> list[tuple[int, int]]:
@@ -188,7 +188,8 @@ def dequant_groups(E: int, I: int, D: int) -> list[tuple[int, int]]:
 def _dequantized(x, ids, weights, w13, w2, T, D, E, I, K):
     """The hit experts dequantized once into a bounded bf16 scratch, a group at a time, then the bf16 grouped GEMMs
     of that group's tiles (grouped_experts: one alignment, one slot sum)."""
-    hit = torch.zeros(E, dtype=torch.int32, device=x.device).index_fill_(0, ids.long(), 1)
+    outside = torch.where((ids >= 0) & (ids < E), ids, E).long()  # an id outside [0, E): no expert (bucket E)
+    hit = torch.zeros(E + 1, dtype=torch.int32, device=x.device).index_fill_(0, outside, 1)[:E]
     groups = dequant_groups(E, I, D)
     n = max(hi - lo for lo, hi in groups)
     w13_bf16 = torch.empty((n, 2 * I, D), dtype=torch.bfloat16, device=x.device)

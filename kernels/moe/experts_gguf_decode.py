@@ -91,7 +91,7 @@ def _row_load(ptr, mask, SHARED: tl.constexpr):
 
 
 @triton.jit
-def _decode_up(x, ids, weights, w13, h, P, S1, K, D, I, rb13, NB_SPLIT, BR: tl.constexpr, SHARED: tl.constexpr,
+def _decode_up(x, ids, weights, w13, h, P, S1, K, D, I, E, rb13, NB_SPLIT, BR: tl.constexpr, SHARED: tl.constexpr,
                PARTS: tl.constexpr, UNROLL: tl.constexpr):
     """h[p, n] = weights[p] * silu(x[t] . w1[e, n]) * (x[t] . w3[e, n]) for pair p = t*K + k, e = ids[p]; rows
     (p*S1 + s, n) flattened, fp32 h. PARTS (S1 > 1 slices of NB_SPLIT super-blocks of D): the gate and up dots of
@@ -102,7 +102,9 @@ def _decode_up(x, ids, weights, w13, h, P, S1, K, D, I, rb13, NB_SPLIT, BR: tl.c
     ok3 = ok[:, :, None, None, None]
     p = ps // S1
     b0 = ps % S1 * NB_SPLIT
-    e = _row_load(ids + p, ok, SHARED).to(tl.int64)
+    e = _row_load(ids + p, ok, SHARED)
+    routed = (e >= 0) & (e < E)  # an id outside [0, E) (vLLM's -1) adds nothing: expert 0's rows, weight 0
+    e = tl.where(routed, e, 0).to(tl.int64)
     gate_rows = w13 + (e * 2 * I + n) * rb13
     up_rows = gate_rows + I * rb13
     x_row = x + _per_weight((p // K) * D, SHARED) + superblock_offsets()
@@ -114,7 +116,7 @@ def _decode_up(x, ids, weights, w13, h, P, S1, K, D, I, rb13, NB_SPLIT, BR: tl.c
         acc_g = superblock_fma(block_ptr(gate_rows, b0 + j, False), ok, xv, acc_g, False)
         acc_u = superblock_fma(block_ptr(up_rows, b0 + j, False), ok, xv, acc_u, False)
     acc_g = row_sums(acc_g)
-    acc_u = row_sums(acc_u) * _row_load(weights + p, ok, SHARED)
+    acc_u = row_sums(acc_u) * tl.where(routed, _row_load(weights + p, ok, SHARED), 0.0)
     if PARTS:
         row = h + ps * 2 * I + n
         tl.store(row, acc_g, mask=ok)
@@ -141,7 +143,7 @@ def _h_block(h, p, off, mask, I, S1, SHARED: tl.constexpr, PARTS: tl.constexpr):
 
 
 @triton.jit
-def _decode_down(h, ids, w2, part, y, tickets, T, R, P, S, S1, D, I, rb2, NB_SPLIT, BR: tl.constexpr,
+def _decode_down(h, ids, w2, part, y, tickets, T, R, P, S, S1, D, I, E, rb2, NB_SPLIT, BR: tl.constexpr,
                  SHARED: tl.constexpr, PARTS: tl.constexpr, FUSE: tl.constexpr, RP: tl.constexpr, RNE: tl.constexpr,
                  UNROLL: tl.constexpr):
     """part[p*S + s, n] = h[p] . w2[e, n] (h carries the routing weight) over super-blocks s*NB_SPLIT ..
@@ -152,7 +154,8 @@ def _decode_down(h, ids, w2, part, y, tickets, T, R, P, S, S1, D, I, rb2, NB_SPL
     ok3 = ok[:, :, None, None, None]
     p = ps // S
     b0 = ps % S * NB_SPLIT
-    e = _row_load(ids + p, ok, SHARED).to(tl.int64)
+    e = _row_load(ids + p, ok, SHARED)
+    e = tl.where((e >= 0) & (e < E), e, 0).to(tl.int64)  # h is 0 where not routed
     rows = w2 + (e * D + n) * rb2
     p3, h_b0 = _per_weight(p, SHARED), _per_weight(b0, SHARED)
     acc = tl.zeros([BR, 2, 2, 16], dtype=tl.float32)
@@ -184,7 +187,8 @@ def decode(x, ids, weights, w13, w2, T, D, I, K, rows_per_program=None, split_i=
     S1 = split_d or (1 if widen() else down_split(P, I, D // 256, BR, meta["MIN_CTAS"]))
     parts = S1 > 1
     h = torch.empty((P * S1, 2 * I) if parts else (P, I), dtype=torch.float32, device=x.device)
-    _decode_up[(triton.cdiv(P * S1 * I, BR),)](x, ids, weights, w13, h, P, S1, K, D, I, w13.shape[2], D // 256 // S1,
+    _decode_up[(triton.cdiv(P * S1 * I, BR),)](x, ids, weights, w13, h, P, S1, K, D, I, w13.shape[0],
+                                               w13.shape[2], D // 256 // S1,
                                                BR=BR, SHARED=I % BR == 0, PARTS=parts, UNROLL=meta["UNROLL"], **options)
     meta, options = split(DECODE_DOWN_CONFIGS.pick(P=P, D=D, I=I))
     BR = rows_per_program or (min(next_pow2(P * D), 1024) if widen() else meta["BR"])
@@ -192,7 +196,7 @@ def decode(x, ids, weights, w13, w2, T, D, I, K, rows_per_program=None, split_i=
     part = torch.empty((P * S, D), dtype=torch.float32, device=x.device)
     # fused: needs one D tile per program (BR divides D)
     slot_sum = FusedSum("moe.experts_gguf._decode_down", T, D, K * S, x.dtype, x.device, allowed=D % BR == 0)
-    _decode_down[(triton.cdiv(P * S * D, BR),)](h, ids, w2, part, P=P, S=S, S1=S1, D=D, I=I,
+    _decode_down[(triton.cdiv(P * S * D, BR),)](h, ids, w2, part, P=P, S=S, S1=S1, D=D, I=I, E=w2.shape[0],
                                                 rb2=w2.shape[2], NB_SPLIT=I // 256 // S, BR=BR, SHARED=D % BR == 0,
                                                 PARTS=parts, UNROLL=meta["UNROLL"],
                                                 **slot_sum.kernel_args(part, D // BR), **options)

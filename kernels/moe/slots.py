@@ -35,18 +35,24 @@ SUM_CONFIGS = declare(ConfigSpace(
 
 
 @triton.jit
-def _sum_slots(y_slots, y, T, D, R: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, RNE: tl.constexpr,
-               D_FASTEST: tl.constexpr):
+def _sum_slots(y_slots, y, ids, T, D, E, R: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, RNE: tl.constexpr,
+               D_FASTEST: tl.constexpr, CHECK_IDS: tl.constexpr):
     """D_FASTEST: grid (D/BD, T/BT), so consecutive programs take the column tiles of the same rows and the programs
     in flight stream whole rows of y_slots; token blocks fastest, as before 2026-12-05, each pass over y_slots
-    (302 MB at T = 16k, K = 8, D = 2304) read one 256-byte piece of every 4.6 KB row, D/BD passes (a model)."""
+    (302 MB at T = 16k, K = 8, D = 2304) read one 256-byte piece of every 4.6 KB row, D/BD passes (a model).
+    CHECK_IDS (one row per slot, R = K): a slot whose expert id ids[t*R + r] is outside [0, E) adds nothing (no
+    GEMM wrote its row: the alignment leaves such slots out)."""
     i_d, i_t = ordered_ids(D_FASTEST, 1)
     o_t = (i_t * BT + tl.arange(0, BT)).to(tl.int64)
     o_d = i_d * BD + tl.arange(0, BD)
     mask = (o_t[:, None] < T) & (o_d[None, :] < D)
     acc = tl.zeros([BT, BD], dtype=tl.float32)
     for r in tl.static_range(R):
-        acc += tl.load(y_slots + (o_t[:, None] * R + r) * D + o_d[None, :], mask=mask, other=0.0).to(tl.float32)
+        m_r = mask
+        if CHECK_IDS:
+            e = tl.load(ids + o_t * R + r, mask=o_t < T, other=-1)
+            m_r = mask & ((e >= 0) & (e < E))[:, None]
+        acc += tl.load(y_slots + (o_t[:, None] * R + r) * D + o_d[None, :], mask=m_r, other=0.0).to(tl.float32)
     tl.store(y + o_t[:, None] * D + o_d[None, :], round_bf16(acc, RNE).to(y.dtype.element_ty), mask=mask)
 
 
@@ -87,8 +93,10 @@ class FusedSum:
         return self.y if self.fused else sum_slots(part, self.T, self.out_dtype, self.config)
 
 
-def sum_slots(y_slots: torch.Tensor, T: int, out_dtype: torch.dtype, config: dict | None = None) -> torch.Tensor:
-    """[T*R, D] partials -> [T, D] in out_dtype (the R rows of each token summed in order, fp32)."""
+def sum_slots(y_slots: torch.Tensor, T: int, out_dtype: torch.dtype, config: dict | None = None,
+              ids: torch.Tensor | None = None, experts: int = 0) -> torch.Tensor:
+    """[T*R, D] partials -> [T, D] in out_dtype (the R rows of each token summed in order, fp32). ids ([T*R] int32,
+    one row per slot): rows whose id is outside [0, experts) are skipped (the grouped GEMMs never write them)."""
     D = y_slots.shape[1]
     R = y_slots.shape[0] // T
     y = torch.empty((T, D), dtype=out_dtype, device=y_slots.device)
@@ -97,5 +105,6 @@ def sum_slots(y_slots: torch.Tensor, T: int, out_dtype: torch.dtype, config: dic
     BT, BD = (max(1, min(next_pow2(T), 64)), max(16, min(next_pow2(D), 256))) if widen() else \
         (meta["BT"], meta["BD"])
     grid, d_fastest = ordered_grid(triton.cdiv(D, BD), triton.cdiv(T, BT))  # tokens first past 1M at BT = 16
-    _sum_slots[grid](y_slots, y, T, D, R=R, BT=BT, BD=BD, RNE=rounds_bf16(out_dtype), D_FASTEST=d_fastest, **options)
+    _sum_slots[grid](y_slots, y, y if ids is None else ids, T, D, experts, R=R, BT=BT, BD=BD,
+                     RNE=rounds_bf16(out_dtype), D_FASTEST=d_fastest, CHECK_IDS=ids is not None, **options)
     return y

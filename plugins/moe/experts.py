@@ -6,6 +6,9 @@ Calling convention: backend(x=[T, D] bf16, topk_ids=[T, K] int32, topk_weights=[
 (w1 rows then w3 rows), w2=[E, D, I] bf16) -> y [T, D] bf16. Inputs have std 0.1 (vLLM's test scale), weights give
 unit-variance pre-activations (plugins/moe/common.py). topk_ids/topk_weights are redrawn between timed calls
 (rotate), so decode batches read their experts from HBM rather than L2; `fixed` routing keeps them.
+An id outside [0, E) (vLLM's -1 for an expert on another rank under expert parallelism) adds nothing: the reference
+and our Triton kernels skip it (without reading out of bounds); the factories never draw one, and the torch and vLLM
+backends do not promise it (torch raises on a negative id).
 Cost: 6 T K I D FLOPs; bytes n_e(T) I D (2 b13 + b2) + 4 T D + 8 T K with n_e(T) the experts hit.
 """
 
@@ -53,6 +56,8 @@ def reference(x, topk_ids, topk_weights, w13, w2):
     y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     xf = x.float()
     for e in torch.unique(topk_ids).tolist():
+        if not 0 <= e < w13.shape[0]:  # not an expert: adds nothing (the contract above)
+            continue
         tok, slot = (topk_ids == e).nonzero(as_tuple=True)
         w1, w3 = w13[e, :I].float(), w13[e, I:].float()
         h = silu_mul(xf[tok] @ w1.T, xf[tok] @ w3.T)

@@ -14,6 +14,7 @@ torch (dequantize the hit experts with the torch dequant, F.grouped_mm; at prefi
 expert), torch_compile.
 Module-level functions (`triton_experts_gguf`, `torch_experts_gguf`, `reference_experts_gguf`) take the same
 arguments, so moe.shared_expert / moe.layer run a GGUF shared expert as E=1, K=1 (ids 0, weights 1).
+An id outside [0, E) adds nothing in the reference and our Triton kernels, as in moe.experts.
 Cost: FLOPs 6*T*K*I*D; bytes n_e(T)*I*D*(2*84 + 110)/256 + 4*T*D + 8*T*K, n_e from the routing (moe.md; the
 ids + weights as moe.experts counts them).
 """
@@ -67,6 +68,8 @@ def reference_experts_gguf(x, topk_ids, topk_weights, w13_q, w2_q):
     I = w13_q.shape[1] // 2
     y = torch.zeros((T, D), dtype=torch.float32, device=x.device)
     for e in torch.unique(topk_ids).tolist():
+        if not 0 <= e < w13_q.shape[0]:  # not an expert: adds nothing (moe.experts' contract)
+            continue
         t, k = (topk_ids == e).nonzero(as_tuple=True)
         w13 = kquants.dequantize_reference(w13_q[e], W13_FORMAT)
         w2 = kquants.dequantize_reference(w2_q[e], W2_FORMAT)
