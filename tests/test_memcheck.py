@@ -249,3 +249,42 @@ def test_candidates_are_checked_one_kernel_at_a_time_and_a_bad_one_is_named(monk
     status, detail = check_case(op, op.backends["triton"], case, TARGETS["sm_90a"], False, candidates=True)
     assert status == "out-of-bounds", detail
     assert detail.startswith("test_memcheck._copy candidate BLOCK=64,EXTRA=64: _copy program (1, 0, 0): load"), detail
+
+
+def test_a_reinterpreted_tensor_moves_with_its_base():
+    """triton.reinterpret hands the kernel a TensorWrapper: it points into the guarded copy of its base's storage
+    (it was left in the caller's storage, outside every region: each access out of bounds)."""
+    x, y = torch.arange(37, dtype=torch.int32), torch.zeros(37, dtype=torch.int32)
+    with memcheck():
+        _copy[(2,)](triton.reinterpret(x, tl.float32), triton.reinterpret(y, tl.float32), 37, EXTRA=0, BLOCK=32)
+    assert torch.equal(x, y)
+
+
+@triton.jit
+def _strided_sum(a, b, b_stride, out, n, BLOCK: tl.constexpr):
+    c = tl.arange(0, BLOCK)
+    tl.store(out + c, tl.load(a + c, mask=c < n) + tl.load(b + c * b_stride, mask=c < n), mask=c < n)
+
+
+def test_a_broadcast_view_beside_a_disjoint_view_of_its_storage_comes_back():
+    """A stride-0 (expanded) view and a disjoint row of one storage get a copy each; writing them back must not go
+    through the expanded view (torch refuses to write into a self-overlapping view)."""
+    base = torch.arange(16.0).reshape(2, 8)
+    out = torch.empty(8)
+    with memcheck():
+        _strided_sum[(1,)](base[0], base[1, :1].expand(8), 0, out, 8, BLOCK=8)
+    assert torch.equal(out, base[0] + base[1, 0])
+
+
+def test_disjoint_views_of_a_large_storage_copy_only_their_own_bytes():
+    """Each copy holds the bytes its views span, not the whole storage: 8 row views of a 64 MB tensor cost 64 MB of
+    copies in all (it was 8 x 64 MB of copies and as much again of byte masks)."""
+    from spark_bench.kernelgate.guarded import guarded
+
+    big = torch.zeros(8, 2 << 20)
+    keep = []
+    moved, regions = guarded([f"row{i}" for i in range(8)], list(big.unbind(0)), keep)
+    assert len(regions) == 8 and all(r.allowed is None for r in regions)
+    assert sum(r.hi - r.lo for r in regions) == big.numel() * 4
+    assert [r.start for r in sorted(regions, key=lambda r: r.name)] == [i * (8 << 20) for i in range(8)]
+    assert all(torch.equal(m, b) for m, b in zip(moved, big.unbind(0), strict=True))
