@@ -233,3 +233,7 @@ def test_a_nan_row_still_selects_k_distinct_experts_below_e(path, seed, experts,
     live = [t for t in range(9) if t not in (2, 5)]
     assert_same_routing((w[live], ids[live]), loop_router(x[live], inputs["gate_w"], inputs["gate_bias"], topk,
                                                           groups, topk_groups, 2.5))
+    bias = inputs["gate_bias"].clone()
+    bias[experts // 2] = float("nan")  # a NaN in the weights: every row still picks K distinct experts < E
+    _, ids = route(inputs["x"], inputs["gate_w"], bias, topk, groups, topk_groups, 2.5, path=path)
+    assert all(len(set(row)) == topk and 0 <= min(row) and max(row) < experts for row in ids.tolist()), ids

@@ -44,26 +44,31 @@ PARTS_BUDGET = 32  # slices of D x slots: bounds the partials' re-reads (see dec
 
 
 @triton.jit
-def _group(topk_ids, p, P, E, BP: tl.constexpr):
-    """(leads, e, o_q, in_group, in_group_routed): slot p's expert, whether p is its first slot within its window of
-    BP slots, the window's slots routed to it, and those of them routed to an expert: an id outside [0, E) (vLLM's
-    -1 for another rank's expert) adds nothing, its group reading expert 0's weights in bounds against zeros."""
+def _group(topk_ids, p, P, E, BP: tl.constexpr, ONE: tl.constexpr):
+    """(leads, e, streams, o_q, in_group, in_group_routed): slot p's expert, whether p is its first slot within its
+    window of BP slots, whether its group has a slot routed to an expert, the window's slots routed to e, and those
+    of them routed to an expert. An id outside [0, E) (vLLM's -1 for another rank's expert) adds nothing: its group
+    streams no weights (e clamped to 0 for the addresses) and stores zeros. ONE (E = 1): the grid holds only each
+    window's first slot, which leads all of the window whatever its id."""
     o_q = p // BP * BP + tl.arange(0, BP)
-    ids = tl.load(topk_ids + o_q, mask=o_q < P, other=-1)
     e = tl.load(topk_ids + p)
-    same = (ids == e) & (o_q < P)  # not the padding lanes' -1 when e is -1
+    ids = tl.load(topk_ids + o_q, mask=o_q < P, other=e + 1)  # the window's padding lanes are never e's
+    if ONE:
+        return p >= 0, (e * 0).to(tl.int64), p >= 0, o_q, o_q < P, (o_q < P) & (ids == 0)
+    same = ids == e
     leads = tl.sum((same & (o_q < p)).to(tl.int32), axis=0) == 0
-    return leads, tl.where((e >= 0) & (e < E), e, 0).to(tl.int64), o_q, same, same & (ids >= 0) & (ids < E)
+    routed = (e >= 0) & (e < E)
+    return leads, tl.where(routed, e, 0).to(tl.int64), routed, o_q, same, same & (ids >= 0) & (ids < E)
 
 
 @triton.jit
 def _decode_swiglu(x, w13, h, topk_ids, P, D, I, E, D_SPLIT, S1, LEAD_STRIDE, K: tl.constexpr, BN: tl.constexpr,
                    BK: tl.constexpr, BP: tl.constexpr, PARTS: tl.constexpr, UPCAST_DOT: tl.constexpr,
-                   RNE: tl.constexpr):
+                   RNE: tl.constexpr, ONE: tl.constexpr):
     """Program (p*S1 + s, n-tile): the gate and up dots of slot p's group over slice s of D. PARTS (S1 > 1): fp32
     partials h[q*S1 + s] = [gate | up] ([P*S1, 2I]) for _decode_down to finish; else bf16 h[q] = SwiGLU."""
     i_ps, i_n = tl.program_id(0), tl.program_id(1)
-    leads, e, o_q, same, routed = _group(topk_ids, i_ps // S1 * LEAD_STRIDE, P, E, BP)
+    leads, e, streams, o_q, same, routed = _group(topk_ids, i_ps // S1 * LEAD_STRIDE, P, E, BP, ONE)
     if leads:
         s = i_ps % S1
         o_n = i_n * BN + tl.arange(0, BN)
@@ -72,7 +77,7 @@ def _decode_swiglu(x, w13, h, topk_ids, P, D, I, E, D_SPLIT, S1, LEAD_STRIDE, K:
         x_col = x + (o_q // K).to(tl.int64)[None, :] * D
         acc_g = tl.zeros([BN, BP], dtype=tl.float32)
         acc_u = tl.zeros([BN, BP], dtype=tl.float32)
-        k_end = tl.minimum(D, (s + 1) * D_SPLIT)
+        k_end = tl.where(streams, tl.minimum(D, (s + 1) * D_SPLIT), s * D_SPLIT)
         for k0 in range(s * D_SPLIT, k_end, BK):
             o_k = k0 + tl.arange(0, BK)
             m_k = o_k < k_end
@@ -115,17 +120,17 @@ def _h_tile(h, o_q, same, o_k, m_k, I, S1, PARTS: tl.constexpr):
 @triton.jit
 def _decode_down(h, w2, topk_ids, topk_weights, part, y, tickets, T, R, P, D, I, E, I_SPLIT, S, S1, LEAD_STRIDE,
                  BN: tl.constexpr, BK: tl.constexpr, BP: tl.constexpr, PARTS: tl.constexpr, FUSE: tl.constexpr,
-                 RP: tl.constexpr, RNE: tl.constexpr, UPCAST_DOT: tl.constexpr):
+                 RP: tl.constexpr, RNE: tl.constexpr, UPCAST_DOT: tl.constexpr, ONE: tl.constexpr):
     """part[q*S + s, n-tile] for the group of the program's slot; FUSE: the tile's last program sums y (slots.py)."""
     i_ps, i_n = tl.program_id(0), tl.program_id(1)
     i_s = i_ps % S
-    leads, e, o_q, same, _ = _group(topk_ids, i_ps // S * LEAD_STRIDE, P, E, BP)  # h is 0 where not routed
+    leads, e, streams, o_q, same, routed = _group(topk_ids, i_ps // S * LEAD_STRIDE, P, E, BP, ONE)
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < D
     if leads:
         w_row = w2 + e * D * I + o_n[:, None].to(tl.int64) * I
         acc = tl.zeros([BN, BP], dtype=tl.float32)
-        k_end = tl.minimum(I, (i_s + 1) * I_SPLIT)
+        k_end = tl.where(streams, tl.minimum(I, (i_s + 1) * I_SPLIT), i_s * I_SPLIT)
         for k0 in range(i_s * I_SPLIT, k_end, BK):
             o_k = k0 + tl.arange(0, BK)
             m_k = o_k < k_end
@@ -137,7 +142,7 @@ def _decode_down(h, w2, topk_ids, topk_weights, part, y, tickets, T, R, P, D, I,
             else:
                 hv = hv.to(w.dtype)  # bf16 operands (PARTS: the activation rounded once, as h is without PARTS)
             acc = tl.dot(w, hv, acc)
-        acc *= tl.load(topk_weights + o_q, mask=same, other=0.0)[None, :]
+        acc *= tl.load(topk_weights + o_q, mask=routed, other=0.0)[None, :]  # not 0 x an inf weight
         tl.store(part + (o_q * S + i_s).to(tl.int64)[None, :] * D + o_n[:, None], acc,
                  mask=m_n[:, None] & same[None, :])
     if FUSE:
@@ -193,7 +198,7 @@ def decode(x, topk_ids, topk_weights, w13, w2, split_i: int | None = None, split
                     device=x.device)
     _decode_swiglu[(leaders * S1, triton.cdiv(I, BN))](x, w13, h, topk_ids, P, D, I, E, d_split, S1, stride, K=K,
                                                        BN=BN, BK=BK, BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET,
-                                                       RNE=rounds_bf16(h.dtype), **options)
+                                                       RNE=rounds_bf16(h.dtype), ONE=E == 1, **options)
     meta, options = split(DOWN_CONFIGS.pick(P=P, D=D, I=I))
     # PARTS: the gate and up sums are two more fp32 [BK, BP] tiles. At BK * BP = 4096 and 2048 ptxas spilled 4 B on
     # sm_90a (at 168 registers for 3 CTAs/SM, quick shapes, triton 3.6); at 1024: 96 registers, 5 CTAs/SM
@@ -206,6 +211,6 @@ def decode(x, topk_ids, topk_weights, w13, w2, split_i: int | None = None, split
     slot_sum = FusedSum("moe.experts_decode._decode_down", T, D, K * S, x.dtype, x.device)
     _decode_down[(leaders * S, triton.cdiv(D, BN))](h, w2, topk_ids, topk_weights, part, P=P, D=D, I=I,
                                                     E=E, I_SPLIT=i_split, S=S, S1=S1, LEAD_STRIDE=stride, BN=BN, BK=BK,
-                                                    BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET,
+                                                    BP=BP, PARTS=parts, UPCAST_DOT=INTERPRET, ONE=E == 1,
                                                     **slot_sum.kernel_args(part, triton.cdiv(D, BN)), **options)
     return slot_sum.finish(part)

@@ -103,15 +103,18 @@ def _decode_up(x, ids, weights, w13, h, P, S1, K, D, I, E, rb13, NB_SPLIT, BR: t
     p = ps // S1
     b0 = ps % S1 * NB_SPLIT
     e = _row_load(ids + p, ok, SHARED)
-    routed = (e >= 0) & (e < E)  # an id outside [0, E) (vLLM's -1) adds nothing: expert 0's rows, weight 0
-    e = tl.where(routed, e, 0).to(tl.int64)
+    routed = (e >= 0) & (e < E)  # an id outside [0, E) (vLLM's -1) adds nothing: weight 0, expert 0's addresses,
+    e = tl.where(routed, e, 0).to(tl.int64)  # and (one pair per program) no super-block streamed
     gate_rows = w13 + (e * 2 * I + n) * rb13
     up_rows = gate_rows + I * rb13
     x_row = x + _per_weight((p // K) * D, SHARED) + superblock_offsets()
     x_b0 = _per_weight(b0, SHARED)
     acc_g = tl.zeros([BR, 2, 2, 16], dtype=tl.float32)
     acc_u = tl.zeros([BR, 2, 2, 16], dtype=tl.float32)
-    for j in tl.range(0, NB_SPLIT, loop_unroll_factor=UNROLL):
+    j0 = 0
+    if SHARED:  # the program's rows are one pair's; a first trip, not a trip count, to change (a register less)
+        j0 = tl.where(routed, 0, NB_SPLIT)
+    for j in tl.range(j0, NB_SPLIT, loop_unroll_factor=UNROLL):
         xv = _row_load(x_row + (x_b0 + j) * 256, ok3, SHARED).to(tl.float32)
         acc_g = superblock_fma(block_ptr(gate_rows, b0 + j, False), ok, xv, acc_g, False)
         acc_u = superblock_fma(block_ptr(up_rows, b0 + j, False), ok, xv, acc_u, False)
@@ -155,11 +158,15 @@ def _decode_down(h, ids, w2, part, y, tickets, T, R, P, S, S1, D, I, E, rb2, NB_
     p = ps // S
     b0 = ps % S * NB_SPLIT
     e = _row_load(ids + p, ok, SHARED)
-    e = tl.where((e >= 0) & (e < E), e, 0).to(tl.int64)  # h is 0 where not routed
+    routed = (e >= 0) & (e < E)  # h is 0 where not routed: nothing to stream (one pair per program)
+    e = tl.where(routed, e, 0).to(tl.int64)
     rows = w2 + (e * D + n) * rb2
     p3, h_b0 = _per_weight(p, SHARED), _per_weight(b0, SHARED)
     acc = tl.zeros([BR, 2, 2, 16], dtype=tl.float32)
-    for j in tl.range(0, NB_SPLIT, loop_unroll_factor=UNROLL):
+    j0 = 0
+    if SHARED:  # the program's rows are one pair's (a computed trip count spilled 4 B at the shared expert's key)
+        j0 = tl.where(routed, 0, NB_SPLIT)
+    for j in tl.range(j0, NB_SPLIT, loop_unroll_factor=UNROLL):
         hv = _h_block(h, p3, (h_b0 + j) * 256 + superblock_offsets(), ok3, I, S1, SHARED, PARTS)
         acc = superblock_fma(block_ptr(rows, b0 + j, True), ok, hv, acc, True)
     tl.store(part + r, row_sums(acc), mask=ok)

@@ -65,9 +65,10 @@ def _select_rows(logits, o_t, m_t, bias, out_w, out_ids, scale, E: tl.constexpr,
     choice = scores + tl.load(bias + o_e, mask=m_e, other=0.0)[None, :]
     # NaN (a NaN input row or bias) ranks below every number and above the padding lanes, so the K picks stay
     # distinct experts < E: argmax's NaN handling differs between the GPU and the interpreter, and a padding lane's
-    # id would make the experts read past their weights. tl.maximum returns the non-NaN operand on both (a nested
-    # tl.where spilled 4 B in `_router_rows` at E = 256, 16 warps under 3.9); -1e30, not -inf: two still sum to a
-    # group score.
+    # id would make the experts read past their weights. tl.maximum returns the non-NaN operand on the GPU and in
+    # triton 3.9's interpreter (3.6's passes NaN through, and its np.argmax then takes NaN lanes first, still < E);
+    # a nested tl.where spilled 4 B in `_router_rows` at E = 256, 16 warps under 3.9. -1e30, not -inf: two of them
+    # still sum to a group score.
     choice = tl.where(m_e[None, :], tl.maximum(choice, -1e30), float("-inf"))
     if G > 1:
         # group score = sum of the top-2 biased scores of the group; keep the best TG groups, -inf the rest

@@ -8,7 +8,7 @@ unit-variance pre-activations (plugins/moe/common.py). topk_ids/topk_weights are
 (rotate), so decode batches read their experts from HBM rather than L2; `fixed` routing keeps them.
 An id outside [0, E) (vLLM's -1 for an expert on another rank under expert parallelism) adds nothing: the reference
 and our Triton kernels skip it (without reading out of bounds); the factories never draw one, and the torch and vLLM
-backends do not promise it (torch raises on a negative id).
+backends do not promise it (torch's grouped_mm path raises on a negative id, its loop fallback indexes from the end).
 Cost: 6 T K I D FLOPs; bytes n_e(T) I D (2 b13 + b2) + 4 T D + 8 T K with n_e(T) the experts hit.
 """
 
