@@ -112,7 +112,8 @@ def _decode_up(x, ids, weights, w13, h, P, S1, K, D, I, E, rb13, NB_SPLIT, BR: t
     acc_g = tl.zeros([BR, 2, 2, 16], dtype=tl.float32)
     acc_u = tl.zeros([BR, 2, 2, 16], dtype=tl.float32)
     j0 = 0
-    if SHARED:  # the program's rows are one pair's; a first trip, not a trip count, to change (a register less)
+    if SHARED:  # the program's rows are one pair's: an unrouted one starts at the end (its first trip moves, not
+        # the bound: a computed bound spilled 4 B in _decode_down at the shared expert's key under 3.9)
         j0 = tl.where(routed, 0, NB_SPLIT)
     for j in tl.range(j0, NB_SPLIT, loop_unroll_factor=UNROLL):
         xv = _row_load(x_row + (x_b0 + j) * 256, ok3, SHARED).to(tl.float32)
@@ -164,7 +165,7 @@ def _decode_down(h, ids, w2, part, y, tickets, T, R, P, S, S1, D, I, E, rb2, NB_
     p3, h_b0 = _per_weight(p, SHARED), _per_weight(b0, SHARED)
     acc = tl.zeros([BR, 2, 2, 16], dtype=tl.float32)
     j0 = 0
-    if SHARED:  # the program's rows are one pair's (a computed trip count spilled 4 B at the shared expert's key)
+    if SHARED:  # the program's rows are one pair's: an unrouted one starts at the end
         j0 = tl.where(routed, 0, NB_SPLIT)
     for j in tl.range(j0, NB_SPLIT, loop_unroll_factor=UNROLL):
         hv = _h_block(h, p3, (h_b0 + j) * 256 + superblock_offsets(), ok3, I, S1, SHARED, PARTS)
