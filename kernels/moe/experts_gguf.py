@@ -188,8 +188,8 @@ def dequant_groups(E: int, I: int, D: int) -> list[tuple[int, int]]:
 def _dequantized(x, ids, weights, w13, w2, T, D, E, I, K):
     """The hit experts dequantized once into a bounded bf16 scratch, a group at a time, then the bf16 grouped GEMMs
     of that group's tiles (grouped_experts: one alignment, one slot sum)."""
-    outside = torch.where((ids >= 0) & (ids < E), ids, E).long()  # an id outside [0, E): no expert (bucket E)
-    hit = torch.zeros(E + 1, dtype=torch.int32, device=x.device).index_fill_(0, outside, 1)[:E]
+    bucket = ids.long().clamp_(-1, E).remainder_(E + 1)  # an id outside [0, E) lands in bucket E: no expert
+    hit = torch.zeros(E + 1, dtype=torch.int32, device=x.device).index_fill_(0, bucket, 1)[:E]
     groups = dequant_groups(E, I, D)
     n = max(hi - lo for lo, hi in groups)
     w13_bf16 = torch.empty((n, 2 * I, D), dtype=torch.bfloat16, device=x.device)
