@@ -220,12 +220,10 @@ def test_an_edge_sampled_router_leaves_its_tickets_clean_for_later_calls():
     assert triton_matches_torch()
 
 
-def test_candidates_are_checked_one_kernel_at_a_time_and_a_bad_one_is_named(monkeypatch):
-    """`memcheck --candidates`: the call again with each declared candidate of each kernel it launched; a candidate
-    that reads past the end (EXTRA=64 here) is reported with its kernel and config, though the default is clean."""
+def _copy_op(monkeypatch):
+    """An op whose backend launches `_copy` through a declared space: the default and one candidate are clean, the
+    other candidate (EXTRA=64) reads past the end. (op, its case at n = 100, the space)"""
     from spark_bench import Axis, Cost, Op, Tolerance
-    from spark_bench.kernelgate.memcheck_cli import check_case
-    from spark_bench.kernelgate.targets import TARGETS
     from spark_bench.sweep import Case
     from spark_bench.tune import ConfigSpace, split
     from spark_bench.tune.space import SPACES
@@ -244,11 +242,49 @@ def test_candidates_are_checked_one_kernel_at_a_time_and_a_bad_one_is_named(monk
             reference=lambda x: x, cost=lambda p, dtype: Cost(bytes=8 * p["n"]), axes=[Axis("n", [128])],
             dtypes=["fp32"], tolerance={"fp32": Tolerance(1e-6)})
     op.backend("triton")(copy)
-    case = Case("test.copy", "triton", {"n": 100}, "fp32", "cpu", 0)
+    return op, Case("test.copy", "triton", {"n": 100}, "fp32", "cpu", 0), space
+
+
+def test_candidates_are_checked_one_kernel_at_a_time_and_a_bad_one_is_named(monkeypatch):
+    """`memcheck --candidates`: the call again with each declared candidate of each kernel it launched; a candidate
+    that reads past the end (EXTRA=64 here) is reported with its kernel and config, though the default is clean."""
+    from spark_bench.kernelgate.memcheck_cli import check_case
+    from spark_bench.kernelgate.targets import TARGETS
+
+    op, case, _ = _copy_op(monkeypatch)
     assert check_case(op, op.backends["triton"], case, TARGETS["sm_90a"], False) == ("ok", "1 launches")
     status, detail = check_case(op, op.backends["triton"], case, TARGETS["sm_90a"], False, candidates=True)
     assert status == "out-of-bounds", detail
     assert detail.startswith("test_memcheck._copy candidate BLOCK=64,EXTRA=64: _copy program (1, 0, 0): load"), detail
+
+
+@pytest.mark.parametrize(("tuned_n", "bad"), [(100, True), (5000, True), (100, False)])
+def test_a_tuned_table_s_configs_are_the_ones_checked(monkeypatch, tmp_path, tuned_n, bad):
+    """`memcheck --tuned FILE` launches what `run --tuned FILE` would: the table's entry at the case's key, or its
+    nearest (n = 5000 for a case at 100), so a tuned config that reads past the end is caught; a clean one is not."""
+    from spark_bench.kernelgate.memcheck_cli import _tuned_table, check_case
+    from spark_bench.kernelgate.targets import TARGETS
+    from spark_bench.tune.store import TunedStore
+
+    op, case, space = _copy_op(monkeypatch)
+    store = TunedStore.new({"type": "cuda", "name": "NVIDIA Test", "capability": "9.0"}, {"triton": "x"})
+    config = {"EXTRA": 64, "BLOCK": 64} if bad else {"EXTRA": 0, "BLOCK": 32}
+    store.put(space.kernel, {"key": {"n": tuned_n}, "config": config, "time_us": 1.0,
+                             "default": {"config": space.default, "time_us": 2.0}, "speedup": 2.0, "measured": "t"})
+    store.save(tmp_path / "tuned.json", "2026-12-06T00:00:00")
+    table = _tuned_table(str(tmp_path / "tuned.json"))
+    status, detail = check_case(op, op.backends["triton"], case, TARGETS["sm_90a"], False, table=table)
+    if bad:
+        assert status == "out-of-bounds" and detail.startswith("_copy program (1, 0, 0): load"), detail
+    else:
+        assert (status, detail) == ("ok", "1 launches, 1 of 1 configs from the tuned table")
+
+
+def test_memcheck_tuned_file_errors_are_one_line(tmp_path):
+    (tmp_path / "bad.json").write_text("{")
+    for path in (tmp_path / "missing.json", tmp_path / "bad.json"):
+        code, out, err = run_cli("memcheck", "--op", "kda.gate", "--tuned", str(path))
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "tuned-config file" in err, err
 
 
 def test_a_reinterpreted_tensor_moves_with_its_base():

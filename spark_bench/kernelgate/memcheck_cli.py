@@ -25,14 +25,15 @@ def _progress(kernel: str, ran, grid, seconds: float) -> None:
         click.echo(f"  {kernel}: {of}, {seconds:.0f} s", err=True)
 
 
-def _checked_call(op, backend, case, target, edges: bool, forced=None) -> tuple[str, str, list]:
-    """(status, detail, the declared-kernel picks) of one backend call under memcheck, with `forced` configs."""
+def _checked_call(op, backend, case, target, edges: bool, forced=None, table=None) -> tuple[str, str, list]:
+    """(status, detail, the declared-kernel picks) of one backend call under memcheck, with `forced` configs, else
+    the tuned `table`'s (a `TunedStore`, as `run --tuned` applies it), else the declared ones."""
     from spark_bench.kernelgate.memcheck import edge_programs, memcheck, out_of_bounds_in
     from spark_bench.tune.space import applied, recording
 
     inputs = op.make_inputs(case.params, device="cpu", dtype=case.dtype, seed=case.seed)
     try:
-        with (applied(forced), recording() as picks,
+        with (applied(forced, table), recording() as picks,
               memcheck(target, programs=edge_programs if edges else None, on_launch=_progress) as counts,
               np.errstate(all="ignore") if edges else contextlib.nullcontext()):  # unrun programs leave garbage
             backend.fn(**inputs)
@@ -43,16 +44,19 @@ def _checked_call(op, backend, case, target, edges: bool, forced=None) -> tuple[
         return "error", f"{type(exc).__name__}: {exc}"[:300], []
     if not counts["launches"]:
         return "no-kernel", "nothing checked", picks
-    return "ok", f"{counts['launches']} launches" + (", their edge programs only" if edges else ""), picks
+    tuned = sum(p["source"] in ("tuned", "tuned-nearest") for p in picks)
+    return "ok", (f"{counts['launches']} launches" + (", their edge programs only" if edges else "")
+                  + (f", {tuned} of {len(picks)} configs from the tuned table" if table is not None else "")), picks
 
 
-def check_case(op, backend, case, target, edges: bool, candidates: bool = False) -> tuple[str, str]:
+def check_case(op, backend, case, target, edges: bool, candidates: bool = False, table=None) -> tuple[str, str]:
     """(status, detail) of one case's backend call under memcheck: ok, no-kernel (it launched no interpreted Triton
-    kernel: nothing was checked), out-of-bounds or error. With `candidates`, the call again with each declared
-    candidate config of each kernel it launched (one kernel forced at a time, as `spark-bench tune` times them)."""
+    kernel: nothing was checked), out-of-bounds or error; with a tuned `table`, launched with its configs. With
+    `candidates`, the call again with each declared candidate config of each kernel it launched (one kernel forced at
+    a time, as `spark-bench tune` times them)."""
     from spark_bench.tune.space import SPACES, config_id
 
-    status, detail, picks = _checked_call(op, backend, case, target, edges)
+    status, detail, picks = _checked_call(op, backend, case, target, edges, table=table)
     if status != "ok" or not candidates:
         return status, detail
     kernels = sorted({p["kernel"] for p in picks} & SPACES.keys())
@@ -60,10 +64,25 @@ def check_case(op, backend, case, target, edges: bool, candidates: bool = False)
     for kernel in kernels:
         for config in SPACES[kernel].candidates:
             tried += 1
-            status, why, _ = _checked_call(op, backend, case, target, edges, {kernel: dict(config)})
+            status, why, _ = _checked_call(op, backend, case, target, edges, {kernel: dict(config)}, table)
             if status != "ok":
                 return status, f"{kernel} candidate {config_id(config)}: {why}"
     return "ok", f"{detail}; {tried} candidate configs of {len(kernels)} kernel(s)"
+
+
+def _tuned_table(path: str | None):
+    """`--tuned FILE` as a TunedStore (a missing or invalid file: one line, exit 2), with run's warnings on stderr."""
+    if path is None:
+        return None
+    from spark_bench.tune.space import stale_entries, stale_text
+    from spark_bench.tune.store import TunedStore, describe_device
+
+    table = TunedStore.load(path)
+    click.echo(f"tuned table {path}: measured on {describe_device(table.data['device'])}", err=True)
+    stale = stale_entries(table)
+    if stale:
+        click.echo(f"warning: {path}: {stale_text(stale)}", err=True)
+    return table
 
 
 @click.command("memcheck")
@@ -84,7 +103,10 @@ def check_case(op, backend, case, target, edges: bool, candidates: bool = False)
 @click.option("--candidates", is_flag=True,
               help="Also each declared candidate config of each kernel a case launches (what `spark-bench tune` "
                    "would time), one kernel forced at a time.")
-def memcheck_cmd(ops, backends, sets, preset, dtypes, target_name, sms, edges, candidates) -> None:
+@click.option("--tuned", "tuned_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Launch with this tuned-config table's configs (`spark-bench tune`), as `run --tuned FILE` "
+                   "would: the table's nearest entry per kernel and key, else the declared config.")
+def memcheck_cmd(ops, backends, sets, preset, dtypes, target_name, sms, edges, candidates, tuned_path) -> None:
     """Bounds-check every load, store and atomic of the Triton backends' kernels, interpreted on the CPU, at the quick
     sweep's points (or --set / --preset ones), launched as on a GPU target. Exit 1 when an access is out of bounds."""
     os.environ["TRITON_INTERPRET"] = "1"  # before any plugin imports its kernels
@@ -100,12 +122,13 @@ def memcheck_cmd(ops, backends, sets, preset, dtypes, target_name, sms, edges, c
     cases = [c for c in every if not c.skip]
     if not cases:
         raise UsageError("the selection has no cases to check (no Triton backend or parameter point matches)")
+    table = _tuned_table(tuned_path)
     target = TARGETS[target_name] if sms is None else dataclasses.replace(TARGETS[target_name], sm_count=sms)
     bad = unchecked = 0
     for i, case in enumerate(cases, 1):
         op = reg.ops[case.op]
         start = time.monotonic()
-        status, detail = check_case(op, op.backends[case.backend], case, target, edges, candidates)
+        status, detail = check_case(op, op.backends[case.backend], case, target, edges, candidates, table)
         bad += status not in ("ok", "no-kernel")
         unchecked += status == "no-kernel"
         params = " ".join(f"{k}={v}" for k, v in case.params.items())
