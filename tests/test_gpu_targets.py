@@ -80,7 +80,7 @@ def test_the_peer_falls_back_to_torch_when_vllm_did_not_run_and_roofline_targets
 
 
 def test_verdicts_read_damaged_journals_and_say_what_their_runs_compiled_with(tmp_path):
-    """After step 1b of the GPU check the group runs compile without wgmma: each verdict says so (its Triton peers
+    """After step 2b of the GPU check the group runs compile without wgmma: each verdict says so (its Triton peers
     lost wgmma too, its torch peers did not); an amendment line or a killed run's partial line is read, not fatal."""
     import json
 
@@ -139,7 +139,7 @@ def test_the_fault_locator_picks_each_backends_first_cuda_fault(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part)
                                                        + '{"op": "kda.gate", "backend"')  # a killed run's last line
-    # a later run of the same backends compiled without wgmma (the GPU check after step 1b): its faults count apart
+    # a later run of the same backends compiled without wgmma (the GPU check after step 2b): its faults count apart
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "results.jsonl").write_text(json.dumps(rows[2]) + "\n")
     no_wgmma = {"fingerprint": {"triton_codegen_env": {"DISABLE_MMA_V3": "1"}}}
@@ -180,21 +180,19 @@ def test_a_fault_is_run_again_without_wgmma(tmp_path, monkeypatch):
     the sweep compiled it (DISABLE_MMA_V3 unset, whatever the caller's environment) and once with DISABLE_MMA_V3=1,
     and the row says whether the fault went away."""
     import json
-    import subprocess
-    from types import SimpleNamespace
 
     import locate_faults
 
     envs = []
 
-    def fake_run(cmd, env, timeout, capture_output, text):
+    def fake_run(cmd, timeout, env):
         envs.append(env)
         case = json.loads(cmd[-1])
         faulted = "DISABLE_MMA_V3" not in env  # a wgmma-only fault
         out = {**case, "faulted": faulted, **({"error": "AcceleratorError: illegal memory access"} if faulted else {})}
-        return SimpleNamespace(stdout=json.dumps(out) + "\n", stderr="", returncode=0)
+        return 0, json.dumps(out) + "\n", ""
 
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(locate_faults, "_run_group", fake_run)
     monkeypatch.setattr(locate_faults, "sanitizer", lambda: None)
     monkeypatch.setenv("DISABLE_MMA_V3", "1")  # as the GPU check exports it after step 1's fault
     run = tmp_path / "run"
@@ -231,7 +229,7 @@ def test_the_first_fault_is_also_run_under_compute_sanitizer(tmp_path, fault_env
     tool.write_text("#!/bin/sh\necho '========= COMPUTE-SANITIZER'\n"
                     "echo '========= Invalid __global__ read of size 2 bytes'\necho 'not a report line'\n"
                     "echo \"========= DISABLE_MMA_V3=${DISABLE_MMA_V3:-unset}\"\nexit 1\n")
-    monkeypatch.setenv("DISABLE_MMA_V3", "1")  # exported by the GPU check after step 1's fault
+    monkeypatch.setenv("DISABLE_MMA_V3", "1")  # exported by the GPU check after step 2's fault
     tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setattr(locate_faults, "sanitizer", lambda: str(tool))
     run = tmp_path / "run"
@@ -265,3 +263,90 @@ def test_the_gpu_scripts_call_spark_bench_with_options_it_has(name):
         known = {opt for p in cmd.params for opt in (*p.opts, *p.secondary_opts)}
         unknown = [a for a in re.findall(r"(?<!\S)(--[a-z][a-z0-9-]*)", args) if a not in known]
         assert not unknown, f"{name}: spark-bench {command} has no {unknown}"
+
+
+def test_each_target_group_keeps_its_share_of_the_budget(tmp_path, monkeypatch):
+    """Groups that use all their time cannot starve the chunk prefill (last): it gets its declared share of the
+    budget; what a quick group leaves unused goes to the later ones."""
+    limits = {}
+
+    class Proc:
+        def __init__(self, cmd):
+            self.group = Path(cmd[cmd.index("--out") + 1]).name
+
+        def wait(self, timeout=None):
+            limits[self.group] = timeout
+            clock[0] += timeout if self.group != "kda-decode" else 1.0  # the decode group is quick
+            return 0
+
+    clock = [0.0]
+    monkeypatch.setattr(targets.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(targets.subprocess, "Popen", Proc)
+    targets.run(tmp_path, 150.0, [])
+    assert list(limits) == list(targets.GROUPS)
+    assert limits["kda-decode"] == pytest.approx(150 * targets.SHARES["kda-decode"])
+    left = 149.0  # after the quick group: shared among the rest
+    assert limits["moe-kimi"] == pytest.approx(left * 0.25 / 0.8)
+    assert limits["kda-prefill"] == pytest.approx(150 * targets.SHARES["kda-prefill"] + (30 - 1) * 0.35 / 0.8)
+    assert sum(targets.SHARES.values()) == pytest.approx(1.0) and set(targets.PRECOMPILE_ORDER) == set(targets.GROUPS)
+
+
+def test_only_a_fault_that_could_be_wgmma_s_turns_wgmma_off(tmp_path):
+    """Step 2b: a fault in an op whose kernels chain dots, compiled with wgmma, and not a misaligned address."""
+    import json
+
+    import locate_faults
+
+    def run_with(*rows, codegen=None):
+        path = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        path.mkdir()
+        (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if codegen:
+            (path / "run.json").write_text(json.dumps({"fingerprint": {"triton_codegen_env": codegen}}))
+        return str(path)
+
+    def crash(op, error):
+        return {"op": op, "backend": "triton", "dtype": "bf16", "status": "crash", "params": {}, "error": error}
+
+    illegal = "CUDA error: an illegal memory access was encountered"
+    assert locate_faults.main(["--wgmma-suspect", run_with(crash("kda.chunk_prefill", illegal))]) == 0
+    assert locate_faults.main(["--wgmma-suspect", run_with(crash("moe.experts_gguf", "misaligned address"))]) == 1
+    assert locate_faults.main(["--wgmma-suspect", run_with(crash("kda.gate", illegal))]) == 1  # no dots
+    assert locate_faults.main(["--any", run_with(crash("kda.gate", illegal))]) == 0  # step 4b still locates it
+    no_wgmma = run_with(crash("moe.experts", illegal), codegen={"DISABLE_MMA_V3": "1"})
+    assert locate_faults.main(["--wgmma-suspect", no_wgmma]) == 1  # already without wgmma
+
+
+def test_profiles_give_each_case_what_is_left_of_the_budget(monkeypatch, capsys):
+    """Step 4c: each case within --timeout and what is left of --budget, so the outer `timeout` never cuts one off;
+    with under 3 s left a case is skipped and counted as failed."""
+    import profiles
+
+    clock, limits = [0.0], []
+
+    def fake_run(cmd, timeout):
+        limits.append(timeout)
+        clock[0] += 10.0
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(profiles.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(profiles.subprocess, "run", fake_run)
+    assert profiles.main("unused", timeout_s=12.0, budget_s=34.0) == 1
+    assert limits == [12.0, 12.0, 12.0, 4.0] and capsys.readouterr().out.count("no time left in the budget") == 1
+
+
+def test_the_gpu_check_s_step_limits_fit_its_call():
+    """The device call runs with timeout_s=540: the steps' own limits (each `timeout N`, the targets' and the sweep's
+    budgets; step 2b's precompile is taken from the targets' budget) must leave >= 40 s for the installs, the
+    verdicts, the report and the archives."""
+    import re
+
+    script = (Path(__file__).parent / "gpu" / "run_gpu_check.sh").read_text()
+    code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
+    limits = sum(int(n) for n in re.findall(r"(?<![-\w])timeout (\d+)", code))
+    swapped = int(re.search(r"TARGETS_BUDGET_S - (\d+)", code).group(1))
+    targets_s = int(re.search(r"TARGETS_BUDGET_S:-(\d+)", code).group(1))
+    sweep_s = int(re.search(r"SWEEP_BUDGET_S:-(\d+)", code).group(1)) + 5
+    assert limits - swapped + targets_s + sweep_s <= 500, (limits, swapped, targets_s, sweep_s)
+    assert "--no-energy" in code.split("== 2. ")[1].split("== 2b.")[0]  # 80 energy windows would not fit in 70 s
+    assert code.index("spark-bench calibrate") < code.index("== 2. ")  # measured before any run reads it

@@ -1,4 +1,4 @@
-"""Registers, spills and shared memory of every Triton kernel as the GPU driver reports them (step 1 of
+"""Registers, spills and shared memory of every Triton kernel as the GPU driver reports them (step 2 of
 run_gpu_check.sh), beside the offline figures `spark-bench kernels` computed without a GPU (issue 11).
 
 Runs the triton backends of every op in-process on the GPU at each quick-sweep point (bf16 where the op has it),
@@ -6,13 +6,14 @@ then reads each compiled kernel from the JIT caches: `n_regs` / `n_spills` after
 `metadata.shared`. With an offline JSON (`spark-bench kernels --quick --select all --json` made with the same
 Triton), each kernel is matched by (name, constexprs, num_warps, num_stages) and both figures are written side by
 side. Usage: python tests/gpu/kernel_metadata.py OUT.json [OFFLINE.json] [--budget S]: within S seconds (default 30)
-it stops launching and writes what compiled so far (on the first H200 run `timeout 40` killed it before it wrote
-anything: the JIT compiled every kernel on the clock).
+it stops launching (checked per point) and writes what compiled so far, as on SIGTERM (on the first H200 run
+`timeout 40` killed it before it wrote anything: the JIT compiled every kernel on the clock).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 
@@ -53,21 +54,25 @@ def main(out_path: str, offline_path: str | None = None, budget_s: float = 30.0)
     ran, failed = 0, []
     start = time.monotonic()
     skipped = []
-    for op in reg.ops.values():
-        if time.monotonic() - start > budget_s:
-            skipped.append(op.name)
-            continue
-        backends = [b for name, b in op.backends.items() if name.startswith("triton")]
-        dtype = "bf16" if "bf16" in op.tolerance else next(iter(op.tolerance))
-        for params in op.points(quick=True):
-            try:
-                inputs = op.make_inputs(params, device="cuda", dtype=dtype, seed=0)
-                for backend in backends:
-                    backend.fn(**inputs)
-                    ran += 1
-                torch.cuda.synchronize()
-            except Exception as exc:  # recorded; the sweep in step 1 has the details
-                failed.append({"op": op.name, "params": params, "error": f"{type(exc).__name__}: {exc}"[:300]})
+    signal.signal(signal.SIGTERM, _interrupt)  # `timeout`: stop launching, still write what compiled
+    try:
+        for op in reg.ops.values():
+            backends = [b for name, b in op.backends.items() if name.startswith("triton")]
+            dtype = "bf16" if "bf16" in op.tolerance else next(iter(op.tolerance))
+            for params in op.points(quick=True):
+                if time.monotonic() - start > budget_s:  # per point: one op's serial JIT compiles can take long
+                    skipped.append({"op": op.name, "params": params})
+                    continue
+                try:
+                    inputs = op.make_inputs(params, device="cuda", dtype=dtype, seed=0)
+                    for backend in backends:
+                        backend.fn(**inputs)
+                        ran += 1
+                    torch.cuda.synchronize()
+                except Exception as exc:  # recorded; the sweep in step 2 has the details
+                    failed.append({"op": op.name, "params": params, "error": f"{type(exc).__name__}: {exc}"[:300]})
+    except KeyboardInterrupt:
+        skipped.append("interrupted (SIGTERM): the points after it")
     offline = {}
     if offline_path:
         for row in json.load(open(offline_path))["rows"]:
@@ -96,7 +101,11 @@ def main(out_path: str, offline_path: str | None = None, budget_s: float = 30.0)
         json.dump({"device": torch.cuda.get_device_name(), "calls": ran, "failed": failed, "not_run": skipped,
                    "seconds": time.monotonic() - start, "kernels": rows}, f, indent=1)
     print(f"{len(rows)} compiled kernels ({sum('offline_regs' in r for r in rows)} matched offline), {ran} calls, "
-          f"{len(failed)} failed, {len(skipped)} ops not run (budget), {time.monotonic() - start:.0f} s")
+          f"{len(failed)} failed, {len(skipped)} points not run (budget), {time.monotonic() - start:.0f} s")
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -10,14 +10,15 @@ names the kernel, the thread and block, the access and the address (`sanitizer` 
 GPU: `spark-bench memcheck` on that kernel at that shape.
 
 Each case runs as its run compiled it (the Triton code-generation switches in its run.json fingerprint, e.g. the
-DISABLE_MMA_V3=1 the GPU check exports after a fault in step 1), the sanitizer run too; then once more with
-DISABLE_MMA_V3 flipped (Triton compiles its dots without Hopper's wgmma, or with it), and the row says how that went
-(`without_wgmma` or `with_wgmma`): Triton 3.6 and later fault on sm_90 in kernels with several dots on 32-wide tiles
-at 4 warps (triton-lang/triton #10486, #10573, #11366; clean on 3.5.1), which is what `_chunk_intra`, `_chunk_state`
-and the grouped MoE GEMMs have. Cases count once per (op, backend, dtype, codegen switches), and a case a later
-death marked `suspect` (it may have left an asynchronous fault) counts as faulting. Usage: python
+DISABLE_MMA_V3=1 the GPU check exports after a wgmma-suspect fault in step 2), the sanitizer run too; then once more
+with DISABLE_MMA_V3 flipped (Triton compiles its dots without Hopper's wgmma, or with it), and the row says how that
+went (`without_wgmma` or `with_wgmma`): Triton 3.6 and later fault on sm_90 in kernels with several dots on 32-wide
+tiles at 4 warps (triton-lang/triton #10486, #10573, #11366; clean on 3.5.1), which is what `_chunk_intra`,
+`_chunk_state` and the grouped MoE GEMMs have. Cases count once per (op, backend, dtype, codegen switches), and a
+case a later death marked `suspect` (it may have left an asynchronous fault) counts as faulting. Usage: python
 tests/gpu/locate_faults.py OUT.jsonl RUN_DIR... [--budget S]; `--any RUN_DIR...` only exits 0 when some case there
-died of a CUDA fault (1 otherwise).
+died of a CUDA fault (1 otherwise); `--wgmma-suspect RUN_DIR...` only when such a fault could be the wgmma one
+(`wgmma_suspect`: the GPU check then compiles the rest without wgmma).
 """
 
 from __future__ import annotations
@@ -80,8 +81,21 @@ def faulting_cases(run_dirs: list[Path]) -> list[dict]:
                 seen.add(key)
                 out.append({"op": r["op"], "backend": r["backend"], "dtype": r.get("dtype") or "bf16",
                             "params": r["params"], "device": r.get("device") or "cuda", "run": str(run),
-                            "codegen": codegen})
+                            "codegen": codegen, "fault": text[:300]})
     return out
+
+
+# The ops whose Triton kernels chain several tl.dot (the chunk core, the grouped expert GEMMs): where Triton >= 3.6's
+# Hopper wgmma faults have been reported. A misaligned address is an addressing bug, not that.
+DOT_OPS = ("kda.chunk_prefill", "kda.block_prefill", "moe.experts", "moe.experts_gguf", "moe.shared_expert",
+           "moe.layer")
+
+
+def wgmma_suspect(case: dict) -> bool:
+    """A faulting case that could be the wgmma fault: an op of DOT_OPS, compiled with wgmma, and not a misaligned
+    address."""
+    return (case["op"] in DOT_OPS and "DISABLE_MMA_V3" not in case.get("codegen", {})
+            and "misaligned address" not in case.get("fault", ""))
 
 
 def case_env(case: dict, flip: bool = False) -> dict:
@@ -138,24 +152,38 @@ def sanitized(case: dict, tool: str, timeout: float) -> str:
     """The first lines of compute-sanitizer's memcheck report of the case's call."""
     cmd = [tool, "--tool", "memcheck", "--print-limit", "3", "--show-backtrace", "no", sys.executable, __file__,
            "--one", json.dumps(case)]
-    try:
-        proc = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True, env=case_env(case))
-    except subprocess.TimeoutExpired:
+    code, stdout, stderr = _run_group(cmd, timeout, case_env(case))
+    if code is None:
         return f"no report within {timeout:.0f} s"
-    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("=========")]
-    return "\n".join(lines[:12]) or f"no report (exit {proc.returncode})"
+    lines = [ln for ln in (stdout + stderr).splitlines() if ln.startswith("=========")]
+    return "\n".join(lines[:12]) or f"no report (exit {code})"
+
+
+def _run_group(cmd: list[str], timeout: float, env: dict) -> tuple[int | None, str, str]:
+    """(exit code, stdout, stderr) of cmd in a process group of its own; past `timeout` the whole group is killed
+    (compute-sanitizer's child, the Python case, would otherwise go on using the GPU into the check's next steps)
+    and the code is None."""
+    import signal
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        return proc.returncode, stdout, stderr
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None, "", ""
 
 
 def rerun(case: dict, timeout: float, flip: bool = False) -> dict:
     """The case in a fresh process as its run compiled it (flip: DISABLE_MMA_V3 the other way); its row."""
-    try:
-        proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(case)], env=case_env(case, flip),
-                              timeout=timeout, capture_output=True, text=True)
-    except subprocess.TimeoutExpired:
+    code, stdout, stderr = _run_group([sys.executable, __file__, "--one", json.dumps(case)], timeout,
+                                      case_env(case, flip))
+    if code is None:
         return {**case, "error": f"no result within {timeout:.0f} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    return json.loads(lines[-1]) if lines else {**case, "error": f"exit {proc.returncode}",
-                                                "stderr": proc.stderr[-1500:]}
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1]) if lines else {**case, "error": f"exit {code}", "stderr": stderr[-1500:]}
 
 
 def main(argv: list[str]) -> int:
@@ -164,6 +192,8 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["--any"]:
         return 0 if faulting_cases([Path(a) for a in argv[1:]]) else 1
+    if argv[:1] == ["--wgmma-suspect"]:
+        return 0 if any(wgmma_suspect(c) for c in faulting_cases([Path(a) for a in argv[1:]])) else 1
     budget = 60.0
     if "--budget" in argv:
         i = argv.index("--budget")

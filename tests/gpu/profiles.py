@@ -7,14 +7,16 @@ illegal memory access poisons its process's CUDA context: on the first H200 run 
 the four cases after it in the same process), torch.profiler through `spark-bench profile`'s own code
 (spark_bench/telemetry/profile.py), each case's table printed and its kernels.json / kernels.txt / trace.json written
 under OUT_DIR/<name>/. A case that fails is printed and skipped. `python tests/gpu/profiles.py OUT_DIR [--device cpu
---dry] [--case NAME] [--timeout S]`: --dry only resolves the cases (the test suite checks that every axis value here
-exists); --case runs one in this process.
+--dry] [--case NAME] [--timeout S] [--budget S]`: --dry only resolves the cases (the test suite checks that every
+axis value here exists); --case runs one in this process; each case gets at most --timeout seconds and at most what
+is left of --budget (so an outer `timeout` does not cut one off mid-way; a case with under 3 s left is skipped).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import traceback
 
 KIMI_MOE = ["hidden=2304", "experts=256", "topk=8", "inter=1024", "routing=uniform"]
@@ -46,18 +48,25 @@ def profile_one(name: str, out_dir: str, device: str, dry: bool) -> int:
         return 1
 
 
-def main(out_dir: str, device: str = "cuda", dry: bool = False, timeout_s: float = 60.0) -> int:
-    """Every case, each in a fresh process within `timeout_s` (--dry: all here, nothing launched)."""
+def main(out_dir: str, device: str = "cuda", dry: bool = False, timeout_s: float = 60.0,
+         budget_s: float | None = None) -> int:
+    """Every case, each in a fresh process within `timeout_s` and what is left of `budget_s` (--dry: all here,
+    nothing launched)."""
     if dry:
         return max(profile_one(name, out_dir, device, True) for name in CASES)
-    failed = 0
+    failed, end = 0, time.monotonic() + (budget_s if budget_s is not None else float("inf"))
     for name in CASES:
+        limit = min(timeout_s, end - time.monotonic())
+        if limit < 3:
+            failed += 1
+            print(f"-- {name}: no time left in the budget", flush=True)
+            continue
         cmd = [sys.executable, __file__, out_dir, "--device", device, "--case", name]
         try:
-            failed += subprocess.run(cmd, timeout=timeout_s).returncode != 0
+            failed += subprocess.run(cmd, timeout=limit).returncode != 0
         except subprocess.TimeoutExpired:
             failed += 1
-            print(f"-- {name}: no result within {timeout_s:g} s", flush=True)
+            print(f"-- {name}: no result within {limit:.0f} s", flush=True)
     return 1 if failed else 0
 
 
@@ -67,4 +76,5 @@ if __name__ == "__main__":
     if "--case" in args:
         sys.exit(profile_one(args[args.index("--case") + 1], args[0], device, "--dry" in args))
     timeout = float(args[args.index("--timeout") + 1]) if "--timeout" in args else 60.0
-    sys.exit(main(args[0], device=device, dry="--dry" in args, timeout_s=timeout))
+    budget = float(args[args.index("--budget") + 1]) if "--budget" in args else None
+    sys.exit(main(args[0], device=device, dry="--dry" in args, timeout_s=timeout, budget_s=budget))

@@ -40,9 +40,14 @@ class Target:
 
 
 # In run order: the cheap points first; the chunk prefill (its fp32 token-loop reference at 64k tokens takes
-# seconds) last, where it gets what the others left.
+# seconds) last. SHARES: each group's share of the budget (what an earlier group leaves unused goes to the later ones
+# in proportion), so the chunk prefill, issue 12's main target, keeps its share whatever the others take.
 GROUPS = {"kda-decode": ("kimi-linear", KDA), "moe-kimi": ("kimi-linear", MOE), "moe-dsv3": ("deepseek-v3", MOE),
           "kda-prefill": ("kimi-linear", ("triton", "fla"))}
+SHARES = {"kda-decode": 0.2, "moe-kimi": 0.25, "moe-dsv3": 0.2, "kda-prefill": 0.35}
+# Precompiled in this order (the slowest to compile and the most wanted first: a cut precompile leaves the rest to
+# the JIT, serially, on the clock)
+PRECOMPILE_ORDER = ("kda-prefill", "moe-kimi", "kda-decode", "moe-dsv3")
 PREFILL = {"batch": [1], "varlen": ["fixed"], "fused": [True], "seq_len": [4096, 16384, 65536], "heads": [32, 4]}
 MOE_T = {"tokens": [1, 8, 64, 512, 4096, 16384], "routing": ["uniform"]}
 DECODE_T = {"tokens": [1, 8, 64], "routing": ["uniform"]}
@@ -101,19 +106,19 @@ def precompile(extra: list[str]) -> None:
     """`spark-bench kernels` over each group's points (our Triton backends only): fills the Triton cache that
     --triton-cache names, so the targets' runs do not compile on the clock (the general precompile covers the GPU
     sweep without presets)."""
-    for group in GROUPS:
+    for group in PRECOMPILE_ORDER:
         code = subprocess.run([*SPARK_BENCH, "kernels", *group_args(group, backends=False), *extra],
                               stdout=subprocess.DEVNULL).returncode
         print(f"targets: precompiled {group}: exit {code}", flush=True)
 
 
 def run(out: Path, budget_s: float, extra: list[str]) -> None:
-    """Each group's run into out/<group>, within 1.5x its fair share of what is left of budget_s (a run past it is
+    """Each group's run into out/<group>, within its share (SHARES) of what is left of budget_s (a run past it is
     stopped: its journal keeps the finished cases), so a slow group (a peer's autotuning) cannot starve the rest."""
     end = time.monotonic() + budget_s
     groups = list(GROUPS)
     for i, group in enumerate(groups):
-        left = min(end - time.monotonic(), 1.5 * (end - time.monotonic()) / (len(groups) - i))
+        left = (end - time.monotonic()) * SHARES[group] / sum(SHARES[g] for g in groups[i:])
         if left < 5:
             print(f"targets: no time left for {group}", flush=True)
             continue
@@ -194,7 +199,7 @@ def verdict(rows: list[dict], t: Target) -> dict:
 
 def read_rows(out: Path) -> list[dict]:
     """Every case record of the group runs under `out` (amendments merged, a killed run's partial line skipped), each
-    with its run's Triton code-generation switches as `codegen` (e.g. DISABLE_MMA_V3 after step 1b of the check)."""
+    with its run's Triton code-generation switches as `codegen` (e.g. DISABLE_MMA_V3 after step 2b of the check)."""
     from locate_faults import codegen_of, journal
 
     rows = []
