@@ -20,6 +20,7 @@ from spark_bench.kernelgate.memcheck_cli import memcheck_cmd
 from spark_bench.kernelgate.traffic import traffic_cmd
 from spark_bench.options import (
     RESULTS_ROOT,
+    OutputPath,
     SparkGroup,
     check_run_options,
     parse_duration,
@@ -107,7 +108,7 @@ def env_cmd(as_json: bool, device: str | None) -> None:
 
 @main.command("run")
 @sweep_options
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Run directory (default results/<id>).")
+@click.option("--out", type=OutputPath(), default=None, help="Run directory (default results/<id>).")
 @click.option("--resume", type=click.Path(path_type=Path), default=None, help="Finish an interrupted run in DIR.")
 @click.option("--like", type=click.Path(path_type=Path), default=None, metavar="BASE_RUN",
               help="Run BASE_RUN's sweep again (its cases and timing) in a new run directory, e.g. after a kernel "

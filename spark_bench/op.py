@@ -320,9 +320,9 @@ class Op(_BackendHost):
         return None
 
     def points(self, overrides: Mapping[str, Sequence[Any]] | None = None, *, quick: bool = False,
-               preset: str | None = None) -> list[Params]:
+               preset: str | None = None, rejected: list[tuple[Params, str]] | None = None) -> list[Params]:
         """The cartesian product of the axes (preset, then overrides, replace an axis' values), minus points
-        that a constraint rejects."""
+        that a constraint rejects (appended to `rejected` with the reason, when given)."""
         values = {a.name: a.sweep(quick) for a in self.axes}
         if preset is not None:
             if preset not in self.presets:
@@ -333,7 +333,14 @@ class Op(_BackendHost):
                 values[name] = list(vals)
         names = list(values)
         points = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(values[n] for n in names))]
-        return [p for p in points if self.invalid_reason(p) is None]
+        kept = []
+        for p in points:
+            why = self.invalid_reason(p)
+            if why is None:
+                kept.append(p)
+            elif rejected is not None:
+                rejected.append((p, why))
+        return kept
 
     def sweep_dtypes(self, *, quick: bool, preset: str | None = None) -> list[str]:
         if preset is not None and "dtype" in self.presets.get(preset, {}):

@@ -19,6 +19,28 @@ from spark_bench.sweep import SweepSpec, UsageError, dtype_list, merge_sets
 RESULTS_ROOT = Path("results")  # where runs, tuned tables and history live unless told otherwise
 
 
+class OutputPath(click.Path):
+    """A path the command writes, refused before any work (one line, exit 2): never empty (`--out ''` would write
+    into the current directory); for a file (`file=True`), also one that cannot be written there (a directory, a
+    file where a folder should be, a read-only place; `results.write_problem`)."""
+
+    def __init__(self, file: bool = False, **kwargs: Any) -> None:
+        super().__init__(path_type=Path, **({"dir_okay": False} if file else {}), **kwargs)
+        self.file = file
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty path", param, ctx)
+        path = super().convert(value, param, ctx)
+        if self.file:
+            from spark_bench.results import write_problem
+
+            problem = write_problem(path)
+            if problem:
+                self.fail(f"{path}: {problem}", param, ctx)
+        return path
+
+
 def fail_usage(message: str) -> None:
     click.echo(f"spark-bench: error: {message}", err=True)
     sys.exit(2)

@@ -167,12 +167,16 @@ def write_text_atomic(path: Path, text: str) -> None:
 def write_problem(path: str | Path) -> str | None:
     """Why a file cannot be written (atomically, as the cache and a tuned table are) at `path`, or None. It creates
     and removes a file in the nearest existing folder: permission bits do not say it (root, /proc, read-only mounts)."""
+    if str(path) in ("", "."):
+        return "an empty path, not a file name"
     path = Path(path)
     if path.is_dir():
         return "is a directory"
     folder = path.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
     probe = folder / f".{path.name}.{os.getpid()}.probe"
     try:
         probe.touch(exist_ok=False)
@@ -268,6 +272,8 @@ class RunStore:
         """Drop a partial last line left by a killed run, so appends start on a fresh line."""
         if not self.results_file.exists():
             return
+        if not self.results_file.is_file():
+            raise ResultsError(f"{self.results_file} is not a file: this run's results cannot be read or added to")
         data = self.results_file.read_bytes()
         if data and not data.endswith(b"\n"):
             cut = data.rfind(b"\n") + 1

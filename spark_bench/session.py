@@ -243,10 +243,11 @@ class Session:
             console(stderr=True).print(f"warning: plugin {err.source} failed to load: {err.message}", markup=False)
         notes: list[str] = []
         cases = build_cases(reg, spec, notes)
+        if not cases:  # one line: what the notes say is why
+            raise UsageError("the selection has no cases (no backend or parameter point matches)"
+                             + "".join(f"; {note}" for note in notes))
         for note in notes:
             console(stderr=True).print(f"note: {note}", markup=False)
-        if not cases:
-            raise UsageError("the selection has no cases (no backend or parameter point matches)")
         from spark_bench.memory import guard
 
         cases, warning = guard(reg, cases)  # model-size points on a CPU: refused with the figure, not swapped

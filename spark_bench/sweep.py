@@ -99,9 +99,10 @@ def parse_set(text: str) -> tuple[str, list[str]]:
         raise UsageError(f"malformed --set {text!r}: expected AXIS=V1,V2,... (e.g. --set heads=4,8)")
     axis, _, values = text.partition("=")
     axis = axis.strip()
-    vals = [v.strip() for v in values.split(",") if v.strip()]
-    if not axis or not vals:
-        raise UsageError(f"malformed --set {text!r}: expected AXIS=V1,V2,... (e.g. --set heads=4,8)")
+    vals = [v.strip() for v in values.split(",")]
+    if not axis or not all(vals):  # tokens=1,,2 or tokens=1, is a typo, not the points 1 and 2
+        raise UsageError(f"malformed --set {text!r}: expected AXIS=V1,V2,... with no empty value (e.g. --set "
+                         "heads=4,8)")
     return axis, list(dict.fromkeys(vals))  # tokens=1,1 is one point, not two identical cases
 
 
@@ -226,9 +227,10 @@ def _typed_overrides(op: Op, overrides: dict[str, list[str]]) -> dict[str, list[
             continue
         axis = op.axis(axis_name)
         try:
-            typed[axis_name] = [axis.parse(v) for v in raw]
+            parsed = [axis.parse(v) for v in raw]
         except ValueError as exc:
             raise UsageError(f"{op.name}: {exc}") from None
+        typed[axis_name] = [v for i, v in enumerate(parsed) if v not in parsed[:i]]  # tokens=1,01: one point
     return typed
 
 
@@ -309,8 +311,12 @@ def build_cases(reg: Registry, spec: SweepSpec, notes: list[str] | None = None) 
             continue
         backends = selected_backends(op, spec)
         reasons = {b.name: probed[(op.name, b.name)] for b in backends}
+        rejected: list[tuple[dict[str, Any], str]] = []
         points = op.points({**_typed_overrides(op, spec.overrides), **fixed.get(op.name, {})}, quick=spec.quick,
-                           preset=spec.preset)
+                           preset=spec.preset, rejected=rejected)
+        if rejected and notes is not None and op_overrides(spec.overrides, op.name):  # the user's values did it
+            notes.append(f"{op.name}: {len(rejected)} of {len(rejected) + len(points)} parameter points excluded "
+                         f"({rejected[0][1]})")
         for dtype in _dtypes(op, spec):
             for params in points:
                 group = [Case(op.name, b.name, params, dtype, spec.device, spec.seed, reasons[b.name], spec.weights,
@@ -320,6 +326,18 @@ def build_cases(reg: Registry, spec: SweepSpec, notes: list[str] | None = None) 
                 random.Random(f"{spec.seed}|{group[0].group if group else ''}").shuffle(group)
                 cases.extend(group)
     return cases
+
+
+def runnable(cases: Sequence[Case], nothing: str, say: Callable[[str], None]) -> list[Case]:
+    """The cases that can run here, after `say`ing each unavailable (op, backend) and why, once; none: one
+    UsageError, `nothing` followed by those reasons (one line, not a skip line each and then the error)."""
+    skipped = sorted({(f"{c.op} {c.backend}", c.skip) for c in cases if c.skip})
+    ready = [c for c in cases if not c.skip]
+    if not ready:
+        raise UsageError(nothing + "".join(f"; {name}: {why}" for name, why in skipped))
+    for name, why in skipped:
+        say(f"skipped {name}: {why}")
+    return ready
 
 
 def order_note(cases: Sequence[Case]) -> str:

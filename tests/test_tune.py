@@ -258,7 +258,8 @@ def _bad_outs(tmp_path):
     (tmp_path / "a-file").write_text("")
     _store([], device={**DEVICE, "name": "NVIDIA Other"}).save(tmp_path / "other.json", "now")
     return [(tmp_path / "notjson.json", "not valid JSON"), (tmp_path / "dir.json", "is a directory"),
-            (tmp_path / "other.json", "measured on NVIDIA Other"), (tmp_path / "a-file" / "t.json", "cannot write")]
+            (tmp_path / "other.json", "measured on NVIDIA Other"),
+            (tmp_path / "a-file" / "t.json", "a-file is a file, not a folder")]
 
 
 def _no_plan(monkeypatch, plan):

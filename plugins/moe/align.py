@@ -19,6 +19,7 @@ from spark_bench.plugins.moe.common import (
     replay_routing,
     routing_axis,
     routing_extra_info,
+    topk_constraint,
 )
 
 from spark_bench import Axis, Cost, Op, Tolerance, probes
@@ -106,6 +107,7 @@ op = Op(
     tolerance={"bf16": Tolerance(0.0)},
     compare=compare,
     extra_info=routing_extra_info,
+    constraints=[topk_constraint],
 )
 
 

@@ -168,6 +168,13 @@ def format_bytes(fmt: str) -> tuple[float, float]:
     return (2.0, 2.0) if fmt == "bf16" else (84 / 256, 110 / 256)
 
 
+def topk_constraint(p) -> str | None:
+    """A token is routed to topk distinct experts: no more than there are."""
+    if p["topk"] > p["experts"]:
+        return f"topk {p['topk']} > experts {p['experts']}: a token's experts are distinct"
+    return None
+
+
 def format_constraint(p) -> str | None:
     if p.get("format") == "q2k_q3k" and (p["hidden"] % 256 or p["inter"] % 256):
         return "GGUF K-quants need hidden and inter multiples of 256"

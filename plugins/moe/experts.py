@@ -31,6 +31,7 @@ from spark_bench.plugins.moe.common import (
     routing_axis,
     routing_extra_info,
     silu_mul,
+    topk_constraint,
 )
 
 from spark_bench import Axis, Op, Tolerance, probes
@@ -128,6 +129,7 @@ op = Op(
     extra_info=routing_extra_info,
     rotate=("topk_ids", "topk_weights"),
     redraw=redraw_routing,
+    constraints=[topk_constraint],
 )
 
 

@@ -41,6 +41,7 @@ from spark_bench.plugins.moe.common import (
     routing_axis,
     routing_extra_info,
     silu_mul,
+    topk_constraint,
 )
 from spark_bench.plugins.quant import kquants
 
@@ -86,9 +87,7 @@ def cost(p, dtype):
 def _valid(p):
     if p["hidden"] % kquants.QK_K or p["inter"] % kquants.QK_K:
         return f"GGUF K-quants need hidden and inter multiples of {kquants.QK_K}"
-    if p["topk"] > p["experts"]:
-        return "topk > experts"
-    return None
+    return topk_constraint(p)
 
 
 op = Op(

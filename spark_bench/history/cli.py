@@ -19,7 +19,7 @@ from spark_bench.history import detect, gitinfo, query
 from spark_bench.history.gate import parse_age, regressions
 from spark_bench.history.ingest import add_runs
 from spark_bench.history.store import DEFAULT_DB, HistoryError, connect
-from spark_bench.options import SparkGroup
+from spark_bench.options import OutputPath, SparkGroup
 
 db_option = click.option("--db", type=click.Path(path_type=Path), default=DEFAULT_DB, show_default=True,
                          help="The history database (SQLite).")
@@ -342,7 +342,7 @@ def check_cmd(since, ops, backends, db, fingerprint, branch, threshold, repo, as
 
 
 @history.command("report")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("trends.html"), show_default=True,
+@click.option("-o", "--output", type=OutputPath(file=True), default=Path("trends.html"), show_default=True,
               help="HTML file to write.")
 @click.option("--op", "ops", multiple=True, help="Op name or glob (repeatable). Default: every op.")
 @click.option("--backend", "backends", multiple=True, help="Backend (repeatable).")

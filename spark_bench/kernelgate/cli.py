@@ -16,6 +16,7 @@ from spark_bench.kernelgate import gate
 from spark_bench.kernelgate.capture import DEFAULT_BACKENDS
 from spark_bench.kernelgate.offline import compile_all, default_cache_dir
 from spark_bench.kernelgate.targets import REQUIRED, TARGETS, parse_targets
+from spark_bench.options import OutputPath
 from spark_bench.sweep import UsageError, dtype_list, merge_sets
 
 VERDICT_STYLE = {"ok": "green", "spills": "bold yellow", "launch-resources": "bold red", "compile-error": "bold red"}
@@ -81,7 +82,7 @@ def summary(rows: list[dict], targets: list[str], triton_version: str) -> str:
 @click.option("--triton-cache", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Fill this Triton cache directory (to carry to a GPU with the same Triton); implies --no-cache.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--markdown", "markdown_path", type=OutputPath(file=True), default=None,
               help="Also write a per-kernel summary table (markdown) to this file.")
 @click.option("--candidates", is_flag=True,
               help="Also compile every declared candidate config of each kernel and key (what `spark-bench tune` "
@@ -174,8 +175,11 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
         if candidates:
             bad = sum(r["status"] != "ok" for r in candidate_rows)
             out.print(f"declared candidates: {len(candidate_rows)} (kernel, key, config) compiled, {bad} failing")
-    if markdown_path is not None:
-        markdown_path.write_text(gate.markdown(rows, f"<!-- {line} -->"))
+    if markdown_path is not None:  # checked writable before compiling (OutputPath); its folder may not exist yet
+        from spark_bench.results import write_text_atomic
+
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(markdown_path, gate.markdown(rows, f"<!-- {line} -->"))
     failed = gate.failures(results)
     if failed or errors or any(r["status"] != "ok" for r in candidate_rows):
         sys.exit(1)

@@ -15,7 +15,7 @@ import click
 import numpy as np
 
 from spark_bench.kernelgate.targets import TARGETS
-from spark_bench.sweep import SweepSpec, UsageError, dtype_list, merge_sets
+from spark_bench.sweep import SweepSpec, dtype_list, merge_sets, runnable
 
 
 def _progress(kernel: str, ran, grid, seconds: float) -> None:
@@ -116,12 +116,8 @@ def memcheck_cmd(ops, backends, sets, preset, dtypes, target_name, sms, edges, c
     reg = registry()
     spec = SweepSpec(ops=list(ops), backends=list(backends), preset=preset, overrides=dict(merge_sets(sets)),
                      dtypes=dtype_list(dtypes), device="cpu", quick=preset is None)
-    every = build_cases(reg, spec)
-    for backend, why in sorted({(f"{c.op} {c.backend}", c.skip) for c in every if c.skip}):
-        click.echo(f"skipped {backend}: {why}", err=True)
-    cases = [c for c in every if not c.skip]
-    if not cases:
-        raise UsageError("the selection has no cases to check (no Triton backend or parameter point matches)")
+    cases = runnable(build_cases(reg, spec), "the selection has no cases to check (no Triton backend or parameter "
+                     "point matches)", lambda line: click.echo(line, err=True))
     table = _tuned_table(tuned_path)
     target = TARGETS[target_name] if sms is None else dataclasses.replace(TARGETS[target_name], sm_count=sms)
     bad = unchecked = 0

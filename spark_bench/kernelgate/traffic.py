@@ -20,13 +20,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import click
 import numpy as np
 
-from spark_bench.sweep import UsageError
+from spark_bench.sweep import UsageError, runnable
 
 
 @dataclasses.dataclass
@@ -146,6 +147,8 @@ def _mb(n: int) -> str:
 def _summary(r: dict[str, Any]) -> str:
     """The first line of a case: its bytes against the cost model's, or that no kernel launch was counted."""
     head = f"{r['op']} {r['backend']} {' '.join(f'{k}={v}' for k, v in r['params'].items())} {r['dtype']}"
+    if "error" in r:
+        return f"{head}: failed, nothing counted: {r['error']}"
     model = f"the cost model's {_mb(r['model_bytes'])} MB"
     if not r["kernels"]:
         return f"{head}: no Triton kernel launch was counted (the backend launched none); {model}"
@@ -182,16 +185,22 @@ def traffic_cmd(ops, backends, sets, dtypes, seed, as_json) -> None:
 
     reg = registry()
     rows = []
-    for case in Session._cases(spec):
-        if case.skip:
-            continue
-        rows.append(traffic_of(reg.get(case.op), case.backend, case.params, case.dtype, seed=seed))
+    cases = runnable(Session._cases(spec), "nothing to count: no selected backend can run here",
+                     lambda line: click.echo(line, err=True))
+    for case in cases:
+        try:
+            rows.append(traffic_of(reg.get(case.op), case.backend, case.params, case.dtype, seed=seed))
+        except Exception as exc:  # noqa: BLE001 - the case's failure is its row; the others are still counted
+            rows.append({"op": case.op, "backend": case.backend, "params": case.params, "dtype": case.dtype,
+                         "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300], "kernels": []})
+    failed = sum("error" in r for r in rows)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
-        return
+        sys.exit(1 if failed else 0)
     for r in rows:
         click.echo(_summary(r))
         for k in r["kernels"]:
             click.echo(f"  {k['kernel']:<32} x{k['launches']:<3} read {_mb(k['read_unique'])} MB unique / "
                        f"{_mb(k['read_issued'])} issued, written {_mb(k['written_unique'])} / "
                        f"{_mb(k['written_issued'])}, {k['transcendentals']:,} transcendentals")
+    sys.exit(1 if failed else 0)

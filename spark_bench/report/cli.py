@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from spark_bench.options import OutputPath
 from spark_bench.report import write_report
 from spark_bench.report.compare import (
     METRICS,
@@ -29,7 +30,7 @@ def _fail(command: str, message: str) -> None:
 
 @click.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report.html"), show_default=True,
+@click.option("-o", "--output", type=OutputPath(file=True), default=Path("report.html"), show_default=True,
               help="HTML file to write.")
 @click.option("--baseline", default="torch", show_default=True, help="Backend the speedups are relative to.")
 @click.option("--op", "ops", multiple=True, metavar="GLOB", help="Only these ops (globs, repeatable).")
@@ -71,7 +72,7 @@ CPU_DRIFT_NOTE = ("note: timed on a CPU, where consecutive runs of the same code
 @click.option("--allow-different-device", is_flag=True, help="Compare runs of different device fingerprints.")
 @click.option("--allow-different-weights", is_flag=True,
               help="Compare runs measured on different weight files, layers or routing files (--weights).")
-@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,
+@click.option("--html", "html_out", type=OutputPath(file=True), default=None,
               help="Also write the comparison as an HTML report.")
 @click.option("--all", "show_all", is_flag=True, help="List unchanged ('same') cases too.")
 @click.option("--allow-missing", is_flag=True,

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from spark_bench.options import OutputPath
 from spark_bench.weights.cli import make_spec, weight_options
 from spark_bench.weights.errors import WeightError
 
@@ -116,7 +117,7 @@ def calibrate(device: str | None, as_json: bool, cache: Path | None, force: bool
 @click.option("--set", "sets", multiple=True, metavar="AXIS=V", help="One axis value (repeatable).")
 @click.option("--dtype", default=None, help="bf16, fp16, fp32 (default: the op's first dtype).")
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present, else cpu).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--out", type=OutputPath(file_okay=False), default=None,
               help="Output directory (default results/profile/<op>-<backend>-<time>).")
 @click.option("--iters", default=10, show_default=True, type=click.IntRange(1, 10_000), help="Profiled calls.")
 @click.option("--ncu", is_flag=True, help="Also collect Nsight Compute metrics (needs ncu on PATH and a GPU).")

@@ -11,6 +11,7 @@ import click
 
 from spark_bench.options import (
     RESULTS_ROOT,
+    OutputPath,
     check_run_options,
     parse_duration,
     positive,
@@ -53,10 +54,10 @@ def load_tuned(spec: str | None, device: str, root: Path, warn) -> dict[str, Any
 @click.option("--budget", default=None, metavar="DURATION",
               help="How long the whole search may take (90, 90s, 30m, 2h; planning included); the likely winners "
                    "are timed first.")
-@click.option("--out", type=click.Path(path_type=Path), default=None, metavar="FILE",
+@click.option("--out", type=OutputPath(file=True), default=None, metavar="FILE",
               help="Tuned-config table to write or merge into (default: results/tuned/<this device>.json; with "
               "--resume, the one the tune was started with).")
-@click.option("--run-dir", type=click.Path(path_type=Path), default=None,
+@click.option("--run-dir", type=OutputPath(), default=None,
               help="Directory of the tune's journal (default results/tune-<id>).")
 @click.option("--resume", type=click.Path(path_type=Path), default=None, help="Finish an interrupted tune in DIR.")
 @click.option("--target", default=None, metavar="sm_90a|sm_80|sm_100a|none",
@@ -127,7 +128,7 @@ def show(path: Path) -> None:
 
 @tuned.command("merge")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="The merged table (may be one of PATHS).")
+@click.option("--out", type=OutputPath(file=True), required=True, help="The merged table (may be one of PATHS).")
 @click.option("--force", is_flag=True, help="Merge tables of different devices.")
 def merge(paths: tuple[Path, ...], out: Path, force: bool) -> None:
     """Merge tables of one device: every key any of them holds; the newer measurement wins a key two hold."""
