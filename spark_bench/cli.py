@@ -190,6 +190,9 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
         from spark_bench.executors.plan import print_plan
         from spark_bench.runner import pending
 
+        if session is None and out is not None:  # what the run would refuse, the dry run refuses too
+            results.RunStore(out).check_new()
+
         cases = session.cases if session else Session._cases(spec)
         print_plan(cases, pending(session.store, cases) if session else cases, executor.describe(),
                    executor.slots_count(), RESULTS_ROOT, echo=click.echo, budget_s=budget_s)
@@ -243,7 +246,24 @@ def show_cmd(run_dir: Path, failed: bool, ops: tuple[str, ...], backends: tuple[
     fails = failures_table(records)
     if fails is not None:
         out.print(fails)
-    out.print(summary_line(results.summarize_statuses(records)))
+    line = summary_line(results.summarize_statuses(records))
+    if len(records) != len(every):  # `--failed` on a run without failures is not an empty run
+        line += f" (selected of the run's {len(every)})"
+    out.print(line)
+    for note in run_state_notes(run, run_dir):
+        out.print(note, style="yellow")
+
+
+def run_state_notes(run: dict, run_dir: Path) -> list[str]:
+    """What a table of a stored run must say of its run beyond the cases: stopped by its budget, or unfinished."""
+    left = (run.get("stopped_by_budget") or {}).get("cases_left")
+    if left:
+        return [f"stopped by its budget: {left} more cases; `spark-bench run --resume "
+                f"{results.shell_path(run_dir)}` runs them"]
+    if not run.get("finished"):
+        return ["unfinished: no end recorded (still running, or stopped before its end); `spark-bench run --resume "
+                f"{results.shell_path(run_dir)}` runs what is left"]
+    return []
 
 
 for _command in (report, compare, calibrate, profile):  # the commands of the report and telemetry packages

@@ -164,6 +164,13 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
+def shell_path(path: str | Path) -> str:
+    """A path as it must be typed in a command we suggest (`--resume 'my runs/a'`)."""
+    import shlex
+
+    return shlex.quote(str(path))
+
+
 def write_problem(path: str | Path) -> str | None:
     """Why a file cannot be written (atomically, as the cache and a tuned table are) at `path`, or None. It creates
     and removes a file in the nearest existing folder: permission bits do not say it (root, /proc, read-only mounts)."""
@@ -192,10 +199,11 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
 
 class RunStore:
     """One run directory. The parent process is the only writer of results.jsonl, and `lock()` makes it the only
-    one: a second `run --resume`/`--out` of the same directory is refused while the first holds it."""
+    one: a second `run --resume`/`--out` of the same directory is refused while the first holds it. `option`: the
+    command-line option that named the directory, for the messages (`tune --run-dir`)."""
 
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
+    def __init__(self, path: Path | str, option: str = "--out") -> None:
+        self.path, self.option = Path(path), option
         self._lock_fd: int | None = None
 
     def lock(self) -> None:
@@ -207,7 +215,7 @@ class RunStore:
         if self._lock_fd is not None:
             return
         if self.path.exists() and not self.path.is_dir():
-            raise ResultsError(f"{self.path} is a file, not a run directory; choose another --out")
+            raise ResultsError(f"{self.path} is a file, not a run directory; choose another {self.option}")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -239,11 +247,16 @@ class RunStore:
     def results_file(self) -> Path:
         return self.path / RESULTS_FILE
 
-    def create(self, run: dict[str, Any]) -> None:
+    def check_new(self) -> None:
+        """ResultsError (one line) unless a new run can start here: not a file, holding no results."""
         if self.path.exists() and not self.path.is_dir():
-            raise ResultsError(f"{self.path} is a file, not a run directory; choose another --out")
+            raise ResultsError(f"{self.path} is a file, not a run directory; choose another {self.option}")
         if self.results_file.exists() and self.results_file.stat().st_size > 0:
-            raise ResultsError(f"{self.path} already holds results; use --resume {self.path} or another --out")
+            raise ResultsError(f"{self.path} already holds results; use --resume {shell_path(self.path)} or another "
+                               f"{self.option}")
+
+    def create(self, run: dict[str, Any]) -> None:
+        self.check_new()
         self.path.mkdir(parents=True, exist_ok=True)
         self.write_run({"schema": RUN_SCHEMA, "schema_version": SCHEMA_VERSION, **run})
         self.results_file.touch()

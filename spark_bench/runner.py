@@ -119,4 +119,5 @@ def budget_left_note(run: dict[str, Any], store: results.RunStore, cases: Sequen
         return None
     run["stopped_by_budget"] = {"budget_s": budget_s, "cases_left": len(left)}
     return (f"budget of {budget_s:g} s reached: {len(cases) - len(left)} of {len(cases)} cases are in {store.path} "
-            f"(the points begun were finished); `spark-bench run --resume {store.path}` runs the other {len(left)}")
+            f"(the points begun were finished); `spark-bench run --resume {results.shell_path(store.path)}` runs "
+            f"the other {len(left)}")

@@ -85,7 +85,8 @@ def interrupt_says_what_is_kept(store: results.RunStore, total: int, resume: str
     except KeyboardInterrupt as exc:
         console(stderr=True).print(
             f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'}: {kept(store)} of {total} cases are "
-            f"kept in {store.path} (each was written when it ended); go on with `{resume} {store.path}`",
+            f"kept in {store.path} (each was written when it ended); go on with "
+            f"`{resume} {results.shell_path(store.path)}`",
             markup=False, soft_wrap=True)
         raise SystemExit(143 if isinstance(exc, Terminated) else 130) from None
 
@@ -312,7 +313,7 @@ class Session:
         run = store.read_run()  # again, under the lock: what the previous owner left
         if run.get("kind") == "tune":  # its cases are the tune's plan, not the sweep's
             raise results.ResultsError(f"{path} is a tune directory; resume it with `spark-bench tune --resume "
-                                       f"{path}`")
+                                       f"{results.shell_path(path)}`")
         spec, cfg, timeout_s = stored_sweep(store, run)
         check_same_device(path, run, spec.device)
         check_weights_unchanged(path, run, spec)
@@ -331,11 +332,11 @@ class Session:
         except results.DiskFullError as exc:
             raise results.DiskFullError(
                 f"{exc}: {kept(self.store)} of {len(self.cases)} cases are kept in {self.store.path}; free some "
-                f"space, then run `spark-bench run --resume {self.store.path}`") from None
+                f"space, then run `spark-bench run --resume {results.shell_path(self.store.path)}`") from None
         except WorkersCannotStart as exc:
             raise WorkersCannotStart(f"{exc}; {kept(self.store)} of {len(self.cases)} cases are kept in "
-                                     f"{self.store.path}: fix it, then `spark-bench run --resume {self.store.path}`"
-                                     ) from None
+                                     f"{self.store.path}: fix it, then `spark-bench run --resume "
+                                     f"{results.shell_path(self.store.path)}`") from None
 
     def _execute(self, report: bool, executor: Any, confirm_crashes: bool, budget_s: float | None,
                  deadline: float | None) -> int:

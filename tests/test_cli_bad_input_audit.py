@@ -105,3 +105,48 @@ def test_traffic_keeps_counting_after_a_case_fails(fault_env):
     failed = [r for r in rows if "error" in r]
     assert {r["backend"] for r in failed} == {"raises"} and len(rows) == 2 * len(failed)
     assert all(r["error"] == "ValueError: deliberate failure in the backend" for r in failed)
+
+
+def test_a_suggested_resume_command_can_be_pasted(tmp_path, monkeypatch):
+    """The resume hints printed the path bare: `--resume sp ace/x y` runs something else in a shell."""
+    import shlex
+
+    monkeypatch.setattr("spark_bench.results.RunStore.lock", lambda self: None)  # in-process: the run's lock is ours
+
+    out = tmp_path / "sp ace" / "x y"
+    args = ("run", "--op", "kda.gate", "--quick", "--backend", "torch", "--set", "tokens=1", "--set", "head_dim=60",
+            "--no-report", "--out", out)
+    assert run_cli(*args)[0] == 0
+    code, _, err = run_cli(*args)
+    _one_line_usage_error(code, err, f"use --resume {shlex.quote(str(out))} or another --out")
+
+
+def test_show_says_what_it_selected_and_when_a_run_is_unfinished(a_run):
+    """`show --failed` on a run without failures printed "0 cases", as for an empty run; a run stopped before its
+    end read as complete."""
+    code, out, _ = run_cli("show", a_run, "--failed")
+    assert code == 0 and "0 cases (selected of the run's 1)" in out and "unfinished" not in out, out
+    run = json.loads((a_run / "run.json").read_text())
+    (a_run / "run.json").write_text(json.dumps({**run, "finished": None}))
+    code, out, _ = run_cli("show", a_run)
+    assert code == 0 and "1 case, 1 ok\n" in out and "unfinished: no end recorded" in out, out
+    (a_run / "run.json").write_text(json.dumps({**run, "stopped_by_budget": {"budget_s": 1, "cases_left": 7}}))
+    code, out, _ = run_cli("show", a_run)
+    assert "stopped by its budget: 7 more cases" in " ".join(out.split()), out
+
+
+def test_contradicting_options_are_refused(tmp_path):
+    """Each was accepted with one of the two silently ignored."""
+    code, _, err = run_cli("kernels", "--op", "kda.gate", "--preset", "kimi-linear", "--no-presets")
+    _one_line_usage_error(code, err, "contradict")
+    code, _, err = run_cli("tune", "--resume", tmp_path, "--run-dir", tmp_path / "x")
+    _one_line_usage_error(code, err, "drop --run-dir")
+    (tmp_path / "afile").write_text("")
+    code, _, err = run_cli("tune", "--op", "kda.gate", "--device", "cpu", "--run-dir", tmp_path / "afile",
+                           "--out", tmp_path / "t.json")
+    _one_line_usage_error(code, err, "not a run directory; choose another --run-dir")
+
+
+def test_a_dry_run_refuses_an_out_the_run_would_refuse(a_run):
+    code, _, err = run_cli("run", "--like", a_run, "--out", a_run, "--dry-run")
+    _one_line_usage_error(code, err, "already holds results")

@@ -104,6 +104,8 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
         matched = reg.match(list(ops))
     except KeyError as exc:
         raise UsageError(exc.args[0]) from None
+    if preset is not None and no_presets:
+        raise UsageError(f"--preset {preset} and --no-presets contradict each other; pass one")
     if preset is None:
         presets = [None] if no_presets else [None, *gate.presets_of(list(ops))]
     elif any(preset in op.presets for op in matched):

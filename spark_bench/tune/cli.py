@@ -90,6 +90,8 @@ def tune(ops, backends, preset, sets, dtypes, device, quick, full, seed, budget,
     say = lambda line: click.echo(line, err=True)  # noqa: E731
     if resume is not None:
         refuse_sweep_options_with_resume(click.get_current_context(), resume, allowed=("out",))
+        if run_dir is not None:  # the directory resumed is the tune's; another one would be silently ignored
+            raise UsageError(f"--resume {resume} goes on in that directory; drop --run-dir {run_dir}")
         session = TuneSession.resume(resume, out)
         if budget is not None:  # a resumed tune may be given more (or less) time
             session.tune["budget_s"] = budget

@@ -54,7 +54,7 @@ class TuneSession:
         out = out if out is not None else default_path(fp["device"], results_root)
         open_out(out, fp["device"])  # a table that could not be written must not cost the tune first
         run_id = "tune-" + results.new_run_id(spec.device) if run_dir is None else Path(run_dir).name
-        store = results.RunStore(run_dir if run_dir is not None else results_root / run_id)
+        store = results.RunStore(run_dir if run_dir is not None else results_root / run_id, option="--run-dir")
         _claim(store)  # an unusable --run-dir is one line before the planning's compiles, not after them
         target, note = planning.prune_target(spec.device, target, fp["device"])
         say(f"tune: {note}")
@@ -227,4 +227,4 @@ def _claim(store: results.RunStore) -> None:
     store.lock()
     if store.results_file.exists() and store.results_file.stat().st_size > 0:
         raise results.ResultsError(f"{store.path} already holds results; use `spark-bench tune --resume "
-                                   f"{store.path}` or another --run-dir")
+                                   f"{results.shell_path(store.path)}` or another --run-dir")
