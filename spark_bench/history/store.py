@@ -109,25 +109,48 @@ def migrate(con: sqlite3.Connection, path: Path) -> int:
     return found
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _refuse_non_sqlite(path: Path) -> None:
+    """HistoryError for an existing file that is not SQLite at all (an empty file included), read without writing."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        raise HistoryError(f"{path}: cannot read the history database ({exc.strerror or exc})") from None
+    if head != SQLITE_HEADER:
+        what = ("an empty file; `spark-bench history add RUN_DIR... --db FILE` creates one in it" if not head
+                else "not a SQLite file")
+        raise HistoryError(f"{path}: not a spark-bench history database ({what})")
+
+
 def connect(path: Path | str, create: bool = False) -> sqlite3.Connection:
-    """Open (and migrate) the history database; `create` makes a new one where none exists.
-    HistoryError (one line) for a missing, corrupt, foreign or newer database."""
+    """Open (and migrate) the history database; `create` makes a new one where none exists (or in an empty file).
+    Without `create`, nothing is written to a file that is not already a history database.
+    HistoryError (one line) for a missing, empty, corrupt, foreign or newer database."""
     path = Path(path)
     if not path.exists() and not create:
         raise HistoryError(f"no history database at {path} (`spark-bench history add RUN_DIR...` creates it)")
     if path.is_dir():
         raise HistoryError(f"{path} is a directory, not a history database")
-    if create:
+    if not create:
+        _refuse_non_sqlite(path)
+    else:
         path.parent.mkdir(parents=True, exist_ok=True)
     try:
         con = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
     except sqlite3.Error as exc:
         raise HistoryError(f"{path}: cannot open the history database ({exc})") from None
     try:
+        version = _version(con, path)  # before any write: a foreign SQLite file is refused as it was found
+        if version == 0 and not create:
+            raise HistoryError(f"{path}: not a spark-bench history database (an empty SQLite database; "
+                               "`spark-bench history add RUN_DIR... --db FILE` fills it)")
+        if version != len(MIGRATIONS):
+            migrate(con, path)
         con.execute("PRAGMA journal_mode = WAL").fetchone()
         con.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a commit survives a killed process
-        if _version(con, path) != len(MIGRATIONS):
-            migrate(con, path)
         con.execute("PRAGMA foreign_keys = ON")
     except HistoryError:
         con.close()
