@@ -1,6 +1,6 @@
 """`history add` of a directory of runs skips a damaged run with a warning and adds the others (exit 1); a damaged run
 named itself stays an error (exit 2). Another run reusing a run id (the same `--out` basename) is kept beside the
-first, never in its place; the same run resumed replaces its copy."""
+first, never in its place; the same run resumed replaces its copy, a copy of it with fewer cases only when allowed."""
 
 from __future__ import annotations
 
@@ -150,3 +150,35 @@ def test_the_same_run_resumed_replaces_its_copy_under_its_stored_id(tmp_path):
     finally:
         con.close()
     assert per_run == {"nightly": 1, "nightly@20261202T020000": 2}
+
+
+def _two_case_run(path):
+    cases = [synthetic.SynthCase("kda.gate", "triton", {"tokens": t, "heads": 4}, 50.0) for t in (16, 256)]
+    rng = __import__("numpy").random.default_rng(0)
+    return synthetic.write_run(path, [synthetic.record(c, synthetic.draw(rng, 50.0, 20, 0.01)) for c in cases],
+                               run_id="a", commit=None, created=dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc))
+
+
+@pytest.mark.parametrize("keep_lines", [0, 1])  # no results at all; a truncated results.jsonl
+def test_a_changed_copy_with_fewer_cases_does_not_replace_the_stored_run(tmp_path, keep_lines):
+    db, run = tmp_path / "h.db", _two_case_run(tmp_path / "a")
+    assert add_runs(db, [run])["added"] == 1
+    short = tmp_path / "below" / "short"
+    shutil.copytree(run, short)  # the same run id, creation time and fingerprint: a copy of run `a`
+    journal = short / "results.jsonl"
+    journal.write_text("".join(journal.read_text().splitlines(keepends=True)[:keep_lines]))
+    code, out, err = run_cli("history", "add", short, "--db", db)
+    assert code == 2 and "Traceback" not in out + err
+    (line,) = err.strip().splitlines()
+    assert f"now holds {keep_lines} case(s) where its stored copy a holds 2" in line and "--allow-fewer-cases" in line
+    code, out, err = run_cli("history", "add", tmp_path / "below", "--db", db)  # found below a directory: skipped
+    assert code == 1 and "1 damaged" in out and err.startswith(f"warning: skipped the damaged run {short}: "), err
+    con = sqlite3.connect(db)
+    try:
+        assert con.execute("SELECT COUNT(*) FROM results").fetchone()[0] == 2  # the stored copy is intact
+    finally:
+        con.close()
+    code, out, err = run_cli("history", "add", short, "--db", db, "--allow-fewer-cases")
+    assert code == 0 and out.startswith("replaced  a "), err
+    code, out, _ = run_cli("history", "list", "--runs", "--json", "--db", db)
+    assert [r["cases"] for r in json.loads(out)] == [keep_lines]

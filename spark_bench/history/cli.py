@@ -100,15 +100,18 @@ def history() -> None:
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Processes parsing runs while this one writes (default: one per core, at most 4).")
 @click.option("-q", "--quiet", is_flag=True, help="Only the totals.")
+@click.option("--allow-fewer-cases", is_flag=True,
+              help="Let a changed run replace its stored copy even when it now holds fewer cases.")
 @one_line_errors
 def add_cmd(run_dirs: tuple[Path, ...], db: Path, branch: str | None, repo: Path | None, jobs: int | None,
-            quiet: bool) -> None:
+            quiet: bool, allow_fewer_cases: bool) -> None:
     """Ingest RUN_DIR... (run directories, or directories of runs such as results/) into the database. Adding a run
     again changes nothing; a run whose files changed since (resumed) replaces its earlier copy. Another run with an
     id already stored (the same --out name, e.g. a nightly directory) is kept beside it as ID@<created>.
 
     A damaged run (an unreadable or malformed file) found in a directory of runs is skipped with a warning and the
-    others are added: exit 1. A damaged run named on the command line stops the ingest: exit 2."""
+    others are added: exit 1. A damaged run named on the command line stops the ingest: exit 2. A changed run that
+    holds fewer cases than its stored copy (a truncated results.jsonl) counts as damaged unless --allow-fewer-cases."""
     def each(path: Path, run_id: str, outcome: str) -> None:
         if not quiet:
             click.echo(f"{outcome:9s} {run_id}  ({path})")
@@ -116,7 +119,8 @@ def add_cmd(run_dirs: tuple[Path, ...], db: Path, branch: str | None, repo: Path
     def damaged(path: Path, why: str) -> None:
         click.echo(f"warning: skipped the damaged run {path}: {why}", err=True)
 
-    counts = add_runs(db, run_dirs, repo=repo, branch=branch, on_run=each, jobs=jobs, on_damaged=damaged)
+    counts = add_runs(db, run_dirs, repo=repo, branch=branch, on_run=each, jobs=jobs, on_damaged=damaged,
+                      allow_fewer_cases=allow_fewer_cases)
     click.echo(f"history {db}: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
     if counts.get("damaged"):
         sys.exit(1)
@@ -230,7 +234,7 @@ def trend_cmd(ops, backends, sets, dtypes, db, fingerprint, branch, threshold, l
         for step in s.steps:
             step.suspects = gitinfo.log_range(repo_path, step.last_good.commit, step.first_bad.commit)
     if as_json:
-        click.echo(json.dumps([_series_json(s) for s in series], indent=1))
+        click.echo(json.dumps([s.to_dict() for s in series], indent=1))
         return
     out = console()
     if not series:
@@ -270,15 +274,6 @@ def _print_step(out, s: detect.Series, st: detect.Step) -> None:
               f"run after: {escape(st.first_bad.run_ids[0])})", markup=True)
     for line in [*st.cautions(), *st.suspects_shown(20)]:
         out.print(f"    {escape(line)}")
-
-
-def _series_json(s: detect.Series) -> dict[str, Any]:
-    return {"op": s.case.op, "backend": s.case.backend, "dtype": s.case.dtype, "params": s.case.params,
-            "fingerprint_id": s.fingerprint_id, "device": s.device, "unit": s.unit, "noise": s.sigma,
-            "points": [{"commit": p.commit, "time": p.time, "runs": p.run_ids, "status": p.status, "median": p.median,
-                        "ci_low": p.ci_low, "ci_high": p.ci_high, "n": p.n, "dirty": p.dirty, "timers": p.timers,
-                        "error": p.error} for p in s.points],
-            "steps": [{"index": st.index, **st.to_dict()} for st in s.steps]}
 
 
 @history.command("check")

@@ -126,6 +126,15 @@ class Series:
     steps: list[Step]
     sigma: float | None  # noise of one point, on the log scale (≈ relative)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The series as `history trend --json` prints it: its case, every point and the steps found."""
+        return {"op": self.case.op, "backend": self.case.backend, "dtype": self.case.dtype, "params": self.case.params,
+                "fingerprint_id": self.fingerprint_id, "device": self.device, "unit": self.unit, "noise": self.sigma,
+                "points": [{"commit": p.commit, "time": p.time, "runs": p.run_ids, "status": p.status,
+                            "median": p.median, "ci_low": p.ci_low, "ci_high": p.ci_high, "n": p.n, "dirty": p.dirty,
+                            "timers": p.timers, "error": p.error} for p in self.points],
+                "steps": [{"index": st.index, **st.to_dict()} for st in self.steps]}
+
 
 def points_of(rows: Sequence[dict[str, Any]]) -> list[Point]:
     """Series rows (one per run, in commit order) -> one point per commit, in order of first appearance."""

@@ -2,7 +2,8 @@
 
 A run is the same run when its id, creation time and device fingerprint match: unchanged files are skipped before
 they are parsed, changed ones (resumed, rewritten) replace the earlier copy in one transaction. Another run that
-reuses an id (`--out results/nightly` every night, or another machine's) is kept beside it as `ID@<created>`.
+reuses an id (`--out results/nightly` every night, or another machine's) is kept beside it as `ID@<created>`. A changed
+copy with fewer cases than the stored one (a truncated results.jsonl) replaces it only when allowed (FewerCasesError).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ import numpy as np
 from spark_bench.history import gitinfo
 from spark_bench.history.store import STATS, HistoryError, case_key, connect, transaction
 from spark_bench.results import RESULTS_FILE, RUN_FILE, ResultsError, load_run
+
+
+class FewerCasesError(HistoryError):
+    """A changed run holds fewer cases than its stored copy: not replaced unless allowed (--allow-fewer-cases)."""
 
 
 def digest_of(run_dir: Path) -> str:
@@ -122,8 +127,9 @@ class Ingest:
     """Adds runs to an open database. Case ids are cached and the cache is dropped whenever another connection has
     committed (PRAGMA data_version), so two writers never use each other's stale ids."""
 
-    def __init__(self, con: sqlite3.Connection, repo: Path | None = None, branch: str | None = None) -> None:
-        self.con, self.repo, self.branch = con, repo, branch
+    def __init__(self, con: sqlite3.Connection, repo: Path | None = None, branch: str | None = None,
+                 allow_fewer_cases: bool = False) -> None:
+        self.con, self.repo, self.branch, self.allow_fewer_cases = con, repo, branch, allow_fewer_cases
         self.cases: dict[tuple[str, str, str, str], int] = {}
         self.data_version: int | None = None
 
@@ -178,15 +184,24 @@ class Ingest:
                 return candidate
         raise AssertionError("unreachable")
 
+    def _refuse_fewer_cases(self, p: dict[str, Any], row_id: int, stored_as: str) -> None:
+        stored = self.con.execute("SELECT COUNT(*) FROM results WHERE run_ref = ?", (row_id,)).fetchone()[0]
+        if len(p["rows"]) < stored:
+            raise FewerCasesError(
+                f"{p['dir']}: run {p['run_id']} now holds {len(p['rows'])} case(s) where its stored copy {stored_as} "
+                f"holds {stored} (a truncated results.jsonl?); not replaced: pass --allow-fewer-cases to replace it")
+
     def write(self, p: dict[str, Any], commit_time: str | None, branch: str | None) -> tuple[str, str]:
         """One run in one transaction: ('added' | 'replaced' (its files changed since) | 'unchanged', the id it is
-        stored under)."""
+        stored under). FewerCasesError when the changed run holds fewer cases than its copy and that is not allowed."""
         con = self.con
         with transaction(con):
             old = self._stored_copy(p)
             if old and old[1] == p["digest"]:
                 return "unchanged", old[2]
             run_id = old[2] if old else self._free_id(p)
+            if old and not self.allow_fewer_cases:
+                self._refuse_fewer_cases(p, old[0], run_id)
             if old:
                 con.execute("DELETE FROM results WHERE run_ref = ?", (old[0],))
                 con.execute("DELETE FROM runs WHERE id = ?", (old[0],))
@@ -214,7 +229,8 @@ class Ingest:
             on_damaged: Callable[[Path, str], None] | None = None) -> dict[str, int]:
         """Ingest the runs (parsed by `jobs` worker processes, default: one per core up to 4, while this process
         writes; git facts looked up for a batch of runs at once); counts per outcome. A run that cannot be read is a
-        HistoryError, or, when in `skippable`, left out: counted as 'damaged' and passed to `on_damaged` with why."""
+        HistoryError, or, when in `skippable`, left out: counted as 'damaged' and passed to `on_damaged` with why; so is
+        a changed run with fewer cases than its stored copy (FewerCasesError) unless `allow_fewer_cases`."""
         counts = {"added": 0, "replaced": 0, "unchanged": 0}
         todo = []
         for d in run_dirs:
@@ -239,7 +255,15 @@ class Ingest:
                 branches = {} if self.branch else gitinfo.branch_of(self.repo, commits)
                 for p in chunk:
                     branch = self.branch or p["branch"] or branches.get(p["commit"])
-                    outcome, stored_as = self.write(p, times.get(p["commit"]) or p["commit_time"], branch)
+                    try:
+                        outcome, stored_as = self.write(p, times.get(p["commit"]) or p["commit_time"], branch)
+                    except FewerCasesError as exc:  # below a directory: skipped like a damaged run
+                        if p["dir"] not in skippable:
+                            raise
+                        counts["damaged"] = counts.get("damaged", 0) + 1
+                        if on_damaged is not None:
+                            on_damaged(p["dir"], str(exc))
+                        continue
                     counts[outcome] += 1
                     if on_run is not None:
                         on_run(p["dir"], stored_as, outcome)
@@ -248,18 +272,20 @@ class Ingest:
 
 def add_runs(db: Path | str, run_dirs: Sequence[Path | str], repo: Path | str | None = None,
              branch: str | None = None, on_run: Callable[[Path, str, str], None] | None = None,
-             jobs: int | None = None, on_damaged: Callable[[Path, str], None] | None = None) -> dict[str, int]:
+             jobs: int | None = None, on_damaged: Callable[[Path, str], None] | None = None,
+             allow_fewer_cases: bool = False) -> dict[str, int]:
     """Ingest run directories (or directories of runs) into the database at `db`, creating it if needed.
     `repo`: the git repository to read commit times and the branch from (default: the one around the current
     directory, if any). A damaged run found below a directory given is skipped (counted as 'damaged', passed to
-    `on_damaged` with why); one named is a HistoryError."""
+    `on_damaged` with why); one named is a HistoryError. A changed run with fewer cases than its stored copy is
+    treated alike unless `allow_fewer_cases`."""
     from spark_bench.history.rundirs import expand_run_dirs  # it raises HistoryError
 
     dirs, below = expand_run_dirs(run_dirs)
     con = connect(db, create=True)
     try:
         con.execute("PRAGMA cache_size = -65536")  # 64 MiB: the case index stays in memory while runs stream in
-        return Ingest(con, gitinfo.find_repo(repo), branch).add(dirs, on_run, jobs=jobs, skippable=below,
-                                                                 on_damaged=on_damaged)
+        ingest = Ingest(con, gitinfo.find_repo(repo), branch, allow_fewer_cases)
+        return ingest.add(dirs, on_run, jobs=jobs, skippable=below, on_damaged=on_damaged)
     finally:
         con.close()
