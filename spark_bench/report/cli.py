@@ -9,16 +9,8 @@ import click
 
 from spark_bench.options import OutputPath
 from spark_bench.report import write_report
-from spark_bench.report.compare import (
-    METRICS,
-    CompareError,
-    check_common_cases,
-    check_same_device,
-    check_same_weights,
-    compare_runs,
-    parse_threshold,
-    print_table,
-)
+from spark_bench.report.compare import METRICS, compare_runs, parse_threshold, print_table
+from spark_bench.report.compare_checks import CompareError, check_common_cases, check_same_device, check_same_weights
 from spark_bench.report.model import ResultsError, load_runs, params_text, select_runs
 
 
@@ -95,7 +87,8 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
         if not allow_different_weights:
             check_same_weights(base, new)
         diffs = compare_runs(base, new, thr, metric)
-        check_common_cases(base, new, diffs)
+        selection = " ".join([*(f"--op {o}" for o in ops), *(f"--backend {b}" for b in backends)])
+        check_common_cases(base, new, diffs, selection)
     except (ResultsError, CompareError, OSError) as exc:
         _fail("compare", str(exc))
     from spark_bench.console import console as terminal  # one width for every command's tables

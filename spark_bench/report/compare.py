@@ -22,6 +22,14 @@ from typing import Any
 import numpy as np
 
 from spark_bench.console import fmt_pct
+from spark_bench.report.compare_checks import (  # noqa: F401  (re-exported: the checks were defined here)
+    CompareError,
+    check_common_cases,
+    check_same_device,
+    check_same_weights,
+    device_difference,
+    weights_identity,
+)
 from spark_bench.report.model import (
     RunData,
     geomean,
@@ -39,10 +47,6 @@ METRICS = ("median", "mean", "min", "p10", "p90")
 REGRESSIONS = ("slower", "broken")
 VERDICT_STYLE = {"faster": "green", "slower": "bold red", "same": "dim", "noisy": "yellow", "broken": "bold red",
                  "fixed": "green", "failing": "red", "missing": "magenta", "new": "cyan"}
-
-
-class CompareError(Exception):
-    """Runs that cannot be compared (different devices, bad threshold); the message is one line."""
 
 
 # --- statistics ------------------------------------------------------------------------------------------------------
@@ -223,48 +227,6 @@ def parse_threshold(text: str | float) -> float:
     return v
 
 
-def device_difference(base: RunData, new: RunData) -> str | None:
-    """'H200 [fp-a] vs A100 [fp-b]: device.name ...' when the runs' device fingerprints differ, else None."""
-    a, b = base.fingerprint.get("fingerprint_id"), new.fingerprint.get("fingerprint_id")
-    if a == b:
-        return None
-    from spark_bench.fingerprint import stack_difference
-
-    return (f"{base.device_name} [{a}] vs {new.device_name} [{b}]: "
-            f"{stack_difference(base.fingerprint, new.fingerprint)}")
-
-
-def check_same_device(base: RunData, new: RunData) -> None:
-    differs = device_difference(base, new)
-    if differs:
-        raise CompareError(f"runs were measured on different device fingerprints ({differs}); "
-                           "pass --allow-different-device to compare anyway")
-
-
-def weights_identity(run: RunData) -> dict[str, Any] | None:
-    """What identifies a run's weights (docs/weights.md): the layer's content hash and the routing file's."""
-    w = run.fingerprint.get("weights")
-    if not w:
-        return None
-    return {"layer_sha256": w.get("sha256"), "layer": w.get("layer"),
-            "routing_sha256": (w.get("routing") or {}).get("sha256"),
-            "activations_sha256": (w.get("activations") or {}).get("sha256")}
-
-
-def check_same_weights(base: RunData, new: RunData) -> None:
-    """Runs on different weight files (or one on a file, one on random weights) are not compared silently."""
-    a, b = weights_identity(base), weights_identity(new)
-    if a != b:
-        def name(run):
-            w = run.fingerprint.get("weights") or {}
-            if not w:
-                return "random weights"
-            what = f"{w.get('path')} layer {w.get('layer')}" if w.get("path") else "random weights"
-            return what + (f" + routing {w['routing'].get('path')}" if w.get("routing") else "")
-        raise CompareError(f"runs were measured on different weights ({name(base)} vs {name(new)}); pass "
-                           "--allow-different-weights to compare anyway")
-
-
 def compare_runs(base: RunData, new: RunData, threshold: float, metric: str = "median") -> list[CaseDiff]:
     if metric not in METRICS:
         raise CompareError(f"metric {metric!r} is not one of {', '.join(METRICS)}")
@@ -279,17 +241,6 @@ def compare_runs(base: RunData, new: RunData, threshold: float, metric: str = "m
         diffs.append(CaseDiff(key[0], key[1], some.get("params") or {}, key[3], rb, rn,
                               case_verdict(rb, rn, threshold, metric)))
     return diffs
-
-
-def check_common_cases(base: RunData, new: RunData, diffs: Sequence[CaseDiff]) -> None:
-    """Two runs with no case in common (say, of different ops) are a usage error, not a regression of every case. (A
-    new run with no case at all stays a gate failure: every base case is missing.)"""
-    if base.results and new.results and not any(d.base is not None and d.new is not None for d in diffs):
-        def ops(run: RunData) -> str:
-            names = sorted({str(r.get("op")) for r in run.results})
-            return ", ".join(names[:6]) + (f" (+{len(names) - 6})" if len(names) > 6 else "") if names else "no cases"
-        raise CompareError(f"the runs have no case in common: {base.label} has {ops(base)}; {new.label} has "
-                           f"{ops(new)}")
 
 
 def tally(diffs: Sequence[CaseDiff]) -> dict[str, int]:
