@@ -11,7 +11,7 @@ from spark_bench.options import OutputPath
 from spark_bench.report import write_report
 from spark_bench.report.compare import METRICS, compare_runs, parse_threshold, print_table
 from spark_bench.report.compare_checks import CompareError, check_common_cases, check_same_device, check_same_weights
-from spark_bench.report.model import ResultsError, load_runs, params_text, select_runs
+from spark_bench.report.model import ResultsError, RunData, load_runs, params_text, select_runs
 
 
 def _fail(command: str, message: str) -> None:
@@ -52,6 +52,10 @@ def report(run_dirs: tuple[Path, ...], output: Path, baseline: str, ops: tuple[s
 CPU_DRIFT_NOTE = ("note: timed on a CPU, where consecutive runs of the same code drift more than the samples of one "
                   "run show (two runs of one commit on a 2-core VM: 0.76-1.34x), so p-values read too confident; "
                   "compare two runs of the base to see this machine's drift and set --threshold above it")
+
+
+def _timed_on_cpu(run: RunData) -> bool:
+    return run.on_cpu or (run.run.get("spec") or {}).get("device") == "cpu"
 
 
 @click.command()
@@ -102,6 +106,9 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
             _fail("compare", str(exc))
     # a gate must not pass on what was not measured: cases missing from the new run fail it unless allowed
     regressed = [d for d in diffs if d.regressed or (d.verdict.verdict == "missing" and not allow_missing)]
+    drift_note = any(d.verdict.verdict in ("slower", "faster") for d in diffs) and any(map(_timed_on_cpu, (base, new)))
+    if drift_note and not regressed:  # a 'faster' on a CPU is as much drift as a 'slower'
+        click.echo(CPU_DRIFT_NOTE, err=True)
     if regressed:
         click.echo(f"REGRESSED: {len(regressed)} case(s)", err=True)
         for d in sorted(regressed, key=lambda d: d.sort_key):
@@ -109,6 +116,6 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
             what = f"{v.ratio:.3f}x time (p={v.p_value:.1g})" + (f"; {v.note}" if v.note else "") \
                 if v.verdict == "slower" else v.note
             click.echo(f"  {d.op} {d.backend} {d.dtype} {params_text(d.params)}: {v.verdict}, {what}", err=True)
-        if any((r.run.get("spec") or {}).get("device") == "cpu" for r in (base, new)):
+        if drift_note:
             click.echo(CPU_DRIFT_NOTE, err=True)
         sys.exit(1)
