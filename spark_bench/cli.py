@@ -192,6 +192,13 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
 
         if session is None and out is not None:  # what the run would refuse, the dry run refuses too
             results.RunStore(out).check_new()
+        if history_db is not None:  # ... without creating the database
+            from spark_bench.history import connect
+
+            if history_db.exists():
+                connect(history_db).close()
+            elif results.write_problem(history_db):
+                raise UsageError(f"--history {history_db}: {results.write_problem(history_db)}")
 
         cases = session.cases if session else Session._cases(spec)
         print_plan(cases, pending(session.store, cases) if session else cases, executor.describe(),

@@ -147,6 +147,15 @@ def test_contradicting_options_are_refused(tmp_path):
     _one_line_usage_error(code, err, "not a run directory; choose another --run-dir")
 
 
-def test_a_dry_run_refuses_an_out_the_run_would_refuse(a_run):
+def test_a_dry_run_refuses_what_the_run_would_refuse(a_run, tmp_path):
+    """An --out holding results and a --history that is no history database (or cannot be created) passed the dry
+    run and failed the run; a dry run still creates nothing."""
     code, _, err = run_cli("run", "--like", a_run, "--out", a_run, "--dry-run")
     _one_line_usage_error(code, err, "already holds results")
+    (tmp_path / "junk.db").write_text("junk")
+    for db, words in ((tmp_path / "junk.db", "not a spark-bench history database"),
+                      (tmp_path / "junk.db" / "h.db", "is a file, not a folder")):
+        code, _, err = run_cli("run", "--op", "kda.gate", "--backend", "torch", "--dry-run", "--history", db)
+        _one_line_usage_error(code, err, words)
+    code, _, err = run_cli("run", "--op", "kda.gate", "--backend", "torch", "--dry-run", "--history", tmp_path / "n.db")
+    assert code == 0 and not (tmp_path / "n.db").exists(), err
