@@ -195,8 +195,8 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
         if history_db is not None:  # ... without creating the database
             from spark_bench.history import connect
 
-            if history_db.exists():
-                connect(history_db).close()
+            if history_db.exists() and not (history_db.is_file() and history_db.stat().st_size == 0):
+                connect(history_db).close()  # an empty file is what the run fills (connect's create)
             elif results.write_problem(history_db):
                 raise UsageError(f"--history {history_db}: {results.write_problem(history_db)}")
 
@@ -258,18 +258,17 @@ def show_cmd(run_dir: Path, failed: bool, ops: tuple[str, ...], backends: tuple[
         line += f" (selected of the run's {len(every)})"
     out.print(line)
     for note in run_state_notes(run, run_dir):
-        out.print(note, style="yellow")
+        out.print(note, style="yellow", markup=False, soft_wrap=True)  # a path's [b] is no markup
 
 
 def run_state_notes(run: dict, run_dir: Path) -> list[str]:
     """What a table of a stored run must say of its run beyond the cases: stopped by its budget, or unfinished."""
+    resume = f"`spark-bench {'tune' if run.get('kind') == 'tune' else 'run'} --resume {results.shell_path(run_dir)}`"
     left = (run.get("stopped_by_budget") or {}).get("cases_left")
     if left:
-        return [f"stopped by its budget: {left} more cases; `spark-bench run --resume "
-                f"{results.shell_path(run_dir)}` runs them"]
+        return [f"stopped by its budget: {left} more cases; {resume} runs them"]
     if not run.get("finished"):
-        return ["unfinished: no end recorded (still running, or stopped before its end); `spark-bench run --resume "
-                f"{results.shell_path(run_dir)}` runs what is left"]
+        return [f"unfinished: no end recorded (still running, or stopped before its end); {resume} runs what is left"]
     return []
 
 

@@ -297,6 +297,16 @@ def selected_backends(op: Op, spec: SweepSpec) -> list:
     return [b for name, b in op.backends.items() if any(fnmatchcase(name, pattern) for pattern in spec.backends)]
 
 
+def _note_user_exclusions(op: str, user: dict[str, list[Any]], kept: list[dict[str, Any]],
+                          rejected: list[tuple[dict[str, Any], str]], notes: list[str]) -> None:
+    """A note when the user's --set values made a constraint reject points: a rejected point holding a value of the
+    user's that no kept point holds (the op's own sweep rejects some points by design: those say nothing)."""
+    held = {axis: [k[axis] for k in kept] for axis in user}
+    caused = [(p, why) for p, why in rejected if any(p.get(a) not in held[a] for a in user if a in p)]
+    if caused:
+        notes.append(f"{op}: {len(caused)} of {len(kept) + len(rejected)} parameter points excluded ({caused[0][1]})")
+
+
 def build_cases(reg: Registry, spec: SweepSpec, notes: list[str] | None = None) -> list[Case]:
     """Every case of the sweep, in run order. Unavailable backends become `skip` cases with the reason; what the
     user should hear about the selection (e.g. ops a weight file cannot feed) is appended to `notes`."""
@@ -312,11 +322,11 @@ def build_cases(reg: Registry, spec: SweepSpec, notes: list[str] | None = None) 
         backends = selected_backends(op, spec)
         reasons = {b.name: probed[(op.name, b.name)] for b in backends}
         rejected: list[tuple[dict[str, Any], str]] = []
-        points = op.points({**_typed_overrides(op, spec.overrides), **fixed.get(op.name, {})}, quick=spec.quick,
-                           preset=spec.preset, rejected=rejected)
-        if rejected and notes is not None and op_overrides(spec.overrides, op.name):  # the user's values did it
-            notes.append(f"{op.name}: {len(rejected)} of {len(rejected) + len(points)} parameter points excluded "
-                         f"({rejected[0][1]})")
+        user = _typed_overrides(op, spec.overrides)
+        points = op.points({**user, **fixed.get(op.name, {})}, quick=spec.quick, preset=spec.preset,
+                           rejected=rejected)
+        if notes is not None:
+            _note_user_exclusions(op.name, user, points, rejected, notes)
         for dtype in _dtypes(op, spec):
             for params in points:
                 group = [Case(op.name, b.name, params, dtype, spec.device, spec.seed, reasons[b.name], spec.weights,
@@ -328,16 +338,31 @@ def build_cases(reg: Registry, spec: SweepSpec, notes: list[str] | None = None) 
     return cases
 
 
-def runnable(cases: Sequence[Case], nothing: str, say: Callable[[str], None]) -> list[Case]:
-    """The cases that can run here, after `say`ing each unavailable (op, backend) and why, once; none: one
-    UsageError, `nothing` followed by those reasons (one line, not a skip line each and then the error)."""
-    skipped = sorted({(f"{c.op} {c.backend}", c.skip) for c in cases if c.skip})
+def runnable(cases: Sequence[Case], nothing: str, say: Callable[[str], None], notes: Sequence[str] = ()) -> list[Case]:
+    """The cases that can run here, after `say`ing the `notes` (build_cases') and each unavailable (op, backend) and
+    why, once; none: one UsageError, `nothing` followed by those (one line, not a line each and then the error)."""
+    skipped = [f"{name}: {why}" for name, why in sorted({(f"{c.op} {c.backend}", c.skip) for c in cases if c.skip})]
     ready = [c for c in cases if not c.skip]
     if not ready:
-        raise UsageError(nothing + "".join(f"; {name}: {why}" for name, why in skipped))
-    for name, why in skipped:
-        say(f"skipped {name}: {why}")
+        raise UsageError(nothing + "".join(f"; {line}" for line in [*notes, *skipped]))
+    for line in [*(f"note: {n}" for n in notes), *(f"skipped {s}" for s in skipped)]:
+        say(line)
     return ready
+
+
+def point_count(reg: Registry, spec: SweepSpec, notes: list[str]) -> int:
+    """How many parameter points the selected ops have (backends not probed), with notes on those the user's values
+    excluded (as build_cases makes them)."""
+    count = 0
+    for op in validate(reg, spec):
+        if spec.preset is not None and spec.preset not in op.presets:
+            continue
+        rejected: list[tuple[dict[str, Any], str]] = []
+        user = _typed_overrides(op, spec.overrides)
+        points = op.points(user, quick=spec.quick, preset=spec.preset, rejected=rejected)
+        _note_user_exclusions(op.name, user, points, rejected, notes)
+        count += len(points)
+    return count
 
 
 def order_note(cases: Sequence[Case]) -> str:

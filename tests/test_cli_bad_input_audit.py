@@ -80,6 +80,20 @@ def test_points_a_constraint_rejects_say_why(tmp_path):
     assert code == 0 and "note: moe.experts: 2 of 2 parameter points excluded (topk 8 > experts 2" in err, err
 
 
+def test_points_the_op_itself_excludes_are_no_note():
+    """moe.router's quick sweep drops a (groups, topk_groups) pair by design: setting tokens says nothing of it."""
+    code, out, err = run_cli("run", "--op", "moe.router", "--quick", "--backend", "torch", "--set", "tokens=1",
+                             "--dry-run")
+    assert code == 0 and "note:" not in err, err
+
+
+@pytest.mark.parametrize("command", [["memcheck"], ["kernels", "--no-presets"]])
+def test_gate_commands_say_which_constraint_left_nothing(command):
+    """memcheck said no case without why; kernels compiled nothing and passed (exit 0)."""
+    code, _, err = run_cli(*command, "--op", "moe.align", "--set", "topk=16", "--set", "experts=8")
+    _one_line_usage_error(code, err, "topk 16 > experts 8")
+
+
 def test_set_values_are_points_once_and_never_empty():
     code, out, err = run_cli("run", "--op", "kda.gate", "--quick", "--backend", "torch", "--set", "tokens=1,01",
                              "--set", "head_dim=60", "--dry-run")
@@ -133,6 +147,10 @@ def test_show_says_what_it_selected_and_when_a_run_is_unfinished(a_run):
     (a_run / "run.json").write_text(json.dumps({**run, "stopped_by_budget": {"budget_s": 1, "cases_left": 7}}))
     code, out, _ = run_cli("show", a_run)
     assert "stopped by its budget: 7 more cases" in " ".join(out.split()), out
+    odd = a_run.rename(a_run.parent / "my [b] run")  # a path is no markup; a tune goes on with `tune --resume`
+    (odd / "run.json").write_text(json.dumps({**run, "finished": None, "kind": "tune"}))
+    code, out, _ = run_cli("show", odd)
+    assert f"`spark-bench tune --resume '{odd}'` runs what is left" in " ".join(out.split()), out
 
 
 def test_contradicting_options_are_refused(tmp_path):
@@ -157,5 +175,8 @@ def test_a_dry_run_refuses_what_the_run_would_refuse(a_run, tmp_path):
                       (tmp_path / "junk.db" / "h.db", "is a file, not a folder")):
         code, _, err = run_cli("run", "--op", "kda.gate", "--backend", "torch", "--dry-run", "--history", db)
         _one_line_usage_error(code, err, words)
-    code, _, err = run_cli("run", "--op", "kda.gate", "--backend", "torch", "--dry-run", "--history", tmp_path / "n.db")
-    assert code == 0 and not (tmp_path / "n.db").exists(), err
+    (tmp_path / "empty.db").write_text("")  # the run fills an empty file: the dry run accepts it, unwritten
+    for db in (tmp_path / "n.db", tmp_path / "empty.db"):
+        code, _, err = run_cli("run", "--op", "kda.gate", "--backend", "torch", "--dry-run", "--history", db)
+        assert code == 0, err
+    assert not (tmp_path / "n.db").exists() and (tmp_path / "empty.db").read_text() == ""

@@ -91,5 +91,5 @@ def test_real_runs_with_nothing_to_compare_are_refused_alike(real_runs):
     assert f"the base run {empty} has no results ({a} has kda.gate)" in _refused(empty, a)
     line = _refused(a, t2, "--op", "kda.*", "--backend", "torch")
     assert "no case in common (--op kda.* --backend torch): both have kda.gate, but no parameter point" in line
-    assert f"the base run {empty} has no case selected by --op kda.gate ({a} has kda.gate)" in _refused(
+    assert f"the base run {empty} has no results ({a} has kda.gate)" in _refused(
         empty, a, "--op", "kda.gate")

@@ -311,6 +311,9 @@ def test_only_a_fault_that_could_be_wgmma_s_turns_wgmma_off(tmp_path):
     illegal = "CUDA error: an illegal memory access was encountered"
     assert locate_faults.main(["--wgmma-suspect", run_with(crash("kda.chunk_prefill", illegal))]) == 0
     assert locate_faults.main(["--wgmma-suspect", run_with(crash("moe.experts_gguf", "misaligned address"))]) == 1
+    in_the_log = {**crash("kda.chunk_prefill", "worker killed by SIGABRT in phase 'check'"),
+                  "worker_log_tail": "x" * 400 + "\nRuntimeError: CUDA error: misaligned address"}
+    assert locate_faults.main(["--wgmma-suspect", run_with(in_the_log)]) == 1  # past the error's first 300 chars
     assert locate_faults.main(["--wgmma-suspect", run_with(crash("kda.gate", illegal))]) == 1  # no dots
     assert locate_faults.main(["--any", run_with(crash("kda.gate", illegal))]) == 0  # step 4b still locates it
     no_wgmma = run_with(crash("moe.experts", illegal), codegen={"DISABLE_MMA_V3": "1"})

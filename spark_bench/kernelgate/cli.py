@@ -113,13 +113,20 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
     else:
         have = sorted({p for op in matched for p in op.presets})
         raise UsageError(f"unknown preset {preset!r}; the selected ops have: {', '.join(have) or '(none)'}")
-    from spark_bench.sweep import SweepSpec, validate
+    from spark_bench.sweep import SweepSpec, point_count
 
     dtypes = dtype_list(dtypes)  # repeatable or comma-separated, as in `run`
+    notes: list[str] = []
+    points = 0
     for p in presets:  # unknown axes, values and dtypes: one line here, not a traceback from the capture process
-        validate(reg, SweepSpec(ops=list(ops), backends=list(backends), preset=p, overrides=dict(overrides),
-                                dtypes=dtypes))
+        points += point_count(reg, SweepSpec(ops=list(ops), backends=list(backends), preset=p,
+                                             overrides=dict(overrides), dtypes=dtypes, quick=quick), notes)
+    if not points:  # nothing compiled is no pass
+        raise UsageError("nothing to compile: the selection has no parameter point"
+                         + "".join(f"; {n}" for n in dict.fromkeys(notes)))
     err = click.get_text_stream("stderr")
+    for note in dict.fromkeys(notes):
+        err.write(f"note: {note}\n")
     started = time.monotonic()
     tty = err.isatty()
 

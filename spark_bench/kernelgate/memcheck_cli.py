@@ -116,8 +116,9 @@ def memcheck_cmd(ops, backends, sets, preset, dtypes, target_name, sms, edges, c
     reg = registry()
     spec = SweepSpec(ops=list(ops), backends=list(backends), preset=preset, overrides=dict(merge_sets(sets)),
                      dtypes=dtype_list(dtypes), device="cpu", quick=preset is None)
-    cases = runnable(build_cases(reg, spec), "the selection has no cases to check (no Triton backend or parameter "
-                     "point matches)", lambda line: click.echo(line, err=True))
+    notes: list[str] = []
+    cases = runnable(build_cases(reg, spec, notes), "the selection has no cases to check (no Triton backend or "
+                     "parameter point matches)", lambda line: click.echo(line, err=True), notes)
     table = _tuned_table(tuned_path)
     target = TARGETS[target_name] if sms is None else dataclasses.replace(TARGETS[target_name], sm_count=sms)
     bad = unchecked = 0

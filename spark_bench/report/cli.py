@@ -85,6 +85,7 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
     try:
         thr = parse_threshold(threshold)
         base, new = load_runs([base_run, new_run])
+        base_had = len(base.results)  # before the selection: an empty run is not "none selected"
         select_runs([base, new], ops, backends)  # cases outside the selection are neither compared nor missing
         if not allow_different_device:
             check_same_device(base, new)
@@ -92,7 +93,7 @@ def compare(base_run: Path, new_run: Path, threshold: str, metric: str, allow_di
             check_same_weights(base, new)
         diffs = compare_runs(base, new, thr, metric)
         selection = " ".join([*(f"--op {o}" for o in ops), *(f"--backend {b}" for b in backends)])
-        check_common_cases(base, new, diffs, selection)
+        check_common_cases(base, new, diffs, selection if base_had else "")
     except (ResultsError, CompareError, OSError) as exc:
         _fail("compare", str(exc))
     from spark_bench.console import console as terminal  # one width for every command's tables

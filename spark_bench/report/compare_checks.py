@@ -90,7 +90,8 @@ def _differing_axis(base: RunData, new: RunData, ops: set[str]) -> str:
 def check_common_cases(base: RunData, new: RunData, diffs: Sequence[CaseDiff], selection: str = "") -> None:
     """Nothing to compare is a usage error: two runs with no case in common (say, of different ops, or of the same
     op at other parameter points), a base run with no case (no results, or none the `selection` filters leave: every
-    case would be 'new'), neither run with one, or only cases skipped in both. A new run with no case while the base
+    case would be 'new'; pass no `selection` for a base run that had no results before it), neither run with one, or
+    only cases skipped in both. A new run with no case while the base
     has some stays a gate failure: every base case is missing. Runs are named by the paths given."""
     if any(d.base is not None and d.new is not None for d in diffs):
         return
