@@ -262,7 +262,8 @@ def test_calibrate_with_an_unwritable_cache_is_one_line_before_measuring(tmp_pat
     for cache in _unwritable(tmp_path):
         got = CliRunner().invoke(calibrate_cmd, ["--device", "cpu", "--cache", str(cache)])
         assert got.exit_code == 2 and got.stderr.strip().count("\n") == 0, (got.output, got.exception)
-        assert f"--cache {cache}: cannot write there" in got.stderr and "Traceback" not in got.stderr
+        why = "cannot write there" if cache.parent.name != "a-file" else "a-file is a file, not a folder"
+        assert f"--cache {cache}: " in got.stderr and why in got.stderr and "Traceback" not in got.stderr
 
 
 def test_an_unwritable_cache_keeps_the_measured_peaks_with_a_warning(tmp_path, monkeypatch, capsys):
