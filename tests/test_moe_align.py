@@ -101,11 +101,13 @@ def test_routing_distributions():
 
 
 @pytest.mark.parametrize("seed, tokens, experts, topk, bm, routing", [
-    (0, 700, 160, 8, 16, "zipf"), (1, 9, 256, 8, 64, "uniform"), (2, 333, 37, 1, 32, "worst")])
+    (0, 700, 160, 8, 16, "zipf"), (1, 9, 256, 8, 64, "uniform"), (2, 333, 37, 1, 32, "worst"),
+    (3, 700, 8, 2, 16, "zipf")])
 def test_gpu_chunking(monkeypatch, seed, tokens, experts, topk, bm, routing):
     """The GPU's chunk sizes (BN = 16384 // next_pow2(E)): many chunks (88 at 700 x 8 slots, E = 160), the prefix
     over chunks in parallel per 16 experts, each scatter program writing its share of tile experts and sentinels;
-    or a single chunk (9 x 8 slots: one launch)."""
+    or a single chunk (9 x 8 slots: one launch); with 2-32 experts, chunks of 4096 // next_pow2(E) slots (3 of 512
+    at 700 x 2 slots, E = 8)."""
     from spark_bench.kernels import common
     from spark_bench.kernels.moe import align
 
@@ -115,3 +117,14 @@ def test_gpu_chunking(monkeypatch, seed, tokens, experts, topk, bm, routing):
     out = align.moe_align(inputs["topk_ids"], experts, bm)
     assert_aligned(inputs["topk_ids"], experts, bm, out)
     assert OP.compare(out, OP.reference(**inputs), inputs, "bf16")[1]
+
+
+def test_few_experts_take_chunks_that_compile_without_spills():
+    """With 2-32 experts the scatter's [16384 / BE, BE] tile spilled 92-208 B on sm_90a (a model with 8 experts at
+    prefill); their bucket's 4096-slot tiles do not. The GPU sweep's own points are gated by the README's test."""
+    from conftest import run_cli
+
+    code, out, err = run_cli("kernels", "--op", "moe.align", "--set", "experts=4,8,32", "--set", "topk=2",
+                             "--set", "tokens=4096", "--set", "block_m=16", "--set", "routing=uniform",
+                             "--no-presets", "--target", "sm_90a")
+    assert code == 0 and "0 with spills" in out, out[-2000:] + err

@@ -20,9 +20,13 @@ from spark_bench.kernels.common import next_pow2, widen
 from spark_bench.kernels.configs import ConfigSpace, declare, split
 
 # Chunks of BN = min(TILE // next_pow2(E), BN_MAX) slots (a [BN, BE] tile; the E = 1 scatter spilled on sm_90a at
-# BN = 16384); the tile pass walks [TB, BE] steps with TB = BUDGET // BE.
+# BN = 16384); the tile pass walks [TB, BE] steps with TB = BUDGET // BE. With 2-32 experts the scatter's cumsum down
+# a [TILE / BE, BE] tile of 16384 spilled 92-208 B at 255 registers (BE 4-32; BE 2 at 255 without): those take 4096
+# (E = 1 and E >= 33 kept 16384: 106-167 registers, no spill).
 CHUNK_CONFIGS = declare(ConfigSpace(
     "moe.align._align_chunks", key=("N", "E"), default={"TILE": 16384, "BN_MAX": 8192, "num_warps": 4},
+    buckets=[({"E": 1}, {"TILE": 16384, "BN_MAX": 8192, "num_warps": 4}),
+             ({"E": 32}, {"TILE": 4096, "BN_MAX": 8192, "num_warps": 4})],
     candidates=[{"TILE": 8192, "BN_MAX": 4096, "num_warps": 4}, {"TILE": 16384, "BN_MAX": 8192, "num_warps": 8}],
     doc="slots per chunk of the count and scatter kernels (one program each)"))
 OFFSETS_CONFIGS = declare(ConfigSpace(
