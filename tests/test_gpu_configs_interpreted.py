@@ -33,6 +33,11 @@ def _cases():
 # takes its rows path at the quick sweep's token counts
 BY_SM_COUNT = ("kda.chunk_prefill", "kda.block_prefill", "moe.router", "moe.layer")
 CASES = [(case, sms) for case in _cases() for sms in (132, 2) if sms == 132 or case.op in BY_SM_COUNT]
+# head_dim 64 (outside the presets) takes configs of its own (docs/kernels.md, "Shapes outside the presets"): the
+# chunk core's 16-bit BKD 8 without the persistent loop, fp32 state BV 16 at 8 warps
+_CHUNK = next(c for c in _cases() if c.op == "kda.chunk_prefill" and c.backend == "triton")
+CASES += [(dataclasses.replace(_CHUNK, dtype=dtype, params={**_CHUNK.params, "head_dim_k": 64, "head_dim_v": 64}), 132)
+          for dtype in ("bf16", "fp32")]
 
 
 @pytest.mark.parametrize("case,sms", CASES, ids=lambda v: f"{v.op}-{v.backend}-{v.dtype}-"

@@ -45,7 +45,12 @@ from spark_bench import triton_env
 CONFIGS = declare(ConfigSpace(
     "kda.chunk_intra._chunk_intra", key=("K", "V", "elem"),
     default={"BKD": 16, "PROGRAMS_PER_SM": 0, "num_warps": 4, "num_stages": 1},
+    # Outside the presets (head_dim 64), 16-bit, triton 3.6 (no register of headroom there): BKD 16 spilled 4 B at
+    # V <= 64 and 36-40 B at K = 64, and the persistent loop still 24 B at K = 64 with BKD 8 (ptxas hoists a
+    # pointer out of it): V <= 64 takes BKD 8, K = 64 BKD 8 without the persistent loop (same exponentials, bytes)
     buckets=[({"K": 32, "elem": 2}, {"BKD": 8, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1}),
+             ({"K": 64, "elem": 2}, {"BKD": 8, "PROGRAMS_PER_SM": 0, "num_warps": 4, "num_stages": 1}),
+             ({"V": 64, "elem": 2}, {"BKD": 8, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1}),
              ({"elem": 2}, {"BKD": 16, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1})],
     candidates=[{"BKD": 8, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 1},  # 16-bit until session 29
                 {"BKD": 16, "PROGRAMS_PER_SM": 0, "num_warps": 8, "num_stages": 1},  # the fp32 default until now
