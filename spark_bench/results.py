@@ -174,7 +174,7 @@ def shell_path(path: str | Path) -> str:
 def write_problem(path: str | Path) -> str | None:
     """Why a file cannot be written (atomically, as the cache and a tuned table are) at `path`, or None. It creates
     and removes a file in the nearest existing folder: permission bits do not say it (root, /proc, read-only mounts)."""
-    if str(path) in ("", "."):
+    if isinstance(path, str) and not path.strip():  # (Path("") is ".", a directory: said below)
         return "an empty path, not a file name"
     path = Path(path)
     if path.is_dir():

@@ -297,14 +297,19 @@ def selected_backends(op: Op, spec: SweepSpec) -> list:
     return [b for name, b in op.backends.items() if any(fnmatchcase(name, pattern) for pattern in spec.backends)]
 
 
-def _note_user_exclusions(op: str, user: dict[str, list[Any]], kept: list[dict[str, Any]],
-                          rejected: list[tuple[dict[str, Any], str]], notes: list[str]) -> None:
-    """A note when the user's --set values made a constraint reject points: a rejected point holding a value of the
-    user's that no kept point holds (the op's own sweep rejects some points by design: those say nothing)."""
+def _points(op: Op, spec: SweepSpec, fixed: dict[str, list[Any]], notes: list[str] | None) -> list[dict[str, Any]]:
+    """The op's parameter points under the spec (its --set values, then `fixed` ones: a weight file's), with a note
+    when the user's values made a constraint reject points: a rejected point holding a value of the user's that no
+    kept point holds (the op's own sweep rejects some points by design: those say nothing)."""
+    rejected: list[tuple[dict[str, Any], str]] = []
+    user = _typed_overrides(op, spec.overrides)
+    kept = op.points({**user, **fixed}, quick=spec.quick, preset=spec.preset, rejected=rejected)
     held = {axis: [k[axis] for k in kept] for axis in user}
     caused = [(p, why) for p, why in rejected if any(p.get(a) not in held[a] for a in user if a in p)]
-    if caused:
-        notes.append(f"{op}: {len(caused)} of {len(kept) + len(rejected)} parameter points excluded ({caused[0][1]})")
+    if caused and notes is not None:
+        notes.append(f"{op.name}: {len(caused)} of {len(kept) + len(rejected)} parameter points excluded "
+                     f"({caused[0][1]})")
+    return kept
 
 
 def build_cases(reg: Registry, spec: SweepSpec, notes: list[str] | None = None) -> list[Case]:
@@ -321,12 +326,7 @@ def build_cases(reg: Registry, spec: SweepSpec, notes: list[str] | None = None) 
             continue
         backends = selected_backends(op, spec)
         reasons = {b.name: probed[(op.name, b.name)] for b in backends}
-        rejected: list[tuple[dict[str, Any], str]] = []
-        user = _typed_overrides(op, spec.overrides)
-        points = op.points({**user, **fixed.get(op.name, {})}, quick=spec.quick, preset=spec.preset,
-                           rejected=rejected)
-        if notes is not None:
-            _note_user_exclusions(op.name, user, points, rejected, notes)
+        points = _points(op, spec, fixed.get(op.name, {}), notes)
         for dtype in _dtypes(op, spec):
             for params in points:
                 group = [Case(op.name, b.name, params, dtype, spec.device, spec.seed, reasons[b.name], spec.weights,
@@ -357,11 +357,7 @@ def point_count(reg: Registry, spec: SweepSpec, notes: list[str]) -> int:
     for op in validate(reg, spec):
         if spec.preset is not None and spec.preset not in op.presets:
             continue
-        rejected: list[tuple[dict[str, Any], str]] = []
-        user = _typed_overrides(op, spec.overrides)
-        points = op.points(user, quick=spec.quick, preset=spec.preset, rejected=rejected)
-        _note_user_exclusions(op.name, user, points, rejected, notes)
-        count += len(points)
+        count += len(_points(op, spec, {}, notes))
     return count
 
 

@@ -171,7 +171,7 @@ def _summary(r: dict[str, Any]) -> str:
 def traffic_cmd(ops, backends, sets, dtypes, seed, as_json) -> None:
     """Bytes each Triton kernel loads and stores, counted in the interpreter on CPU inputs, against the op's cost
     model (a model of DRAM traffic, not a measurement): `unique` = distinct bytes per launch (the floor, as if L2
-    kept everything), `issued` = every access."""
+    kept everything), `issued` = every access. Exit 1 when a case fails (its row says why; the others are counted)."""
     from spark_bench import triton_env
     from spark_bench.session import Session
     from spark_bench.sweep import SweepSpec, dtype_list, merge_sets
