@@ -197,8 +197,8 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
 
             if history_db.exists() and not (history_db.is_file() and history_db.stat().st_size == 0):
                 connect(history_db).close()  # an empty file is what the run fills (connect's create)
-            elif results.write_problem(history_db):
-                raise UsageError(f"--history {history_db}: {results.write_problem(history_db)}")
+            elif problem := results.write_problem(history_db):
+                raise UsageError(f"--history {history_db}: {problem}")
 
         cases = session.cases if session else Session._cases(spec)
         print_plan(cases, pending(session.store, cases) if session else cases, executor.describe(),

@@ -26,6 +26,16 @@ def _store(entries, device=DEVICE):
     return store
 
 
+def test_a_bucket_bound_is_an_upper_bound_or_a_range():
+    """(lo, hi) bounds a regime from both sides (2-32 experts, not 1): no bucket that repeats the default is needed
+    to keep the values below it out."""
+    space = ConfigSpace("test._ranged", key=("E", "dtype"), default={"B": 16},
+                        buckets=[({"E": (2, 32), "dtype": "bf16"}, {"B": 4}), ({"E": 64}, {"B": 8})])
+    picks = [space.declared(E=e, dtype=d)["B"] for e, d in ((1, "bf16"), (2, "bf16"), (32, "bf16"), (32, "fp32"),
+                                                              (33, "bf16"), (64, "bf16"), (65, "bf16"))]
+    assert picks == [8, 4, 4, 8, 8, 8, 16]
+
+
 def test_pick_prefers_forced_then_tuned_then_declared_and_logs_each_pick():
     table = _store([("test._k", {"n": 1024, "dtype": "bf16"}, {"B": 64, "num_warps": 8}, "t1"),
                     ("test._k", {"n": 65536, "dtype": "bf16"}, {"B": 128, "num_warps": 8}, "t1")])

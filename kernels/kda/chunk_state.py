@@ -43,8 +43,7 @@ CONFIGS = declare(ConfigSpace(
              # fp32 (3xTF32) at 32 < K <= 64 (head_dim 64, outside the presets): the default spilled 280-308 B on
              # sm_90a at 255 registers, every other candidate 20-704 B; BV 16 at 8 warps is clean (K <= 32 and
              # K = 128 are clean at the default)
-             ({"dtype": "torch.float32", "K": 32}, {"BV": 32, "PREFETCH": 0, "num_warps": 4, "num_stages": 1}),
-             ({"dtype": "torch.float32", "K": 64}, {"BV": 16, "PREFETCH": 0, "num_warps": 8, "num_stages": 1})],
+             ({"dtype": "torch.float32", "K": (33, 64)}, {"BV": 16, "PREFETCH": 0, "num_warps": 8, "num_stages": 1})],
     candidates=[{"BV": 16, "PREFETCH": 0, "num_warps": 4, "num_stages": 1},
                 {"BV": 64, "PREFETCH": 0, "num_warps": 8, "num_stages": 1},
                 {"BV": 32, "PREFETCH": 0, "num_warps": 4, "num_stages": 2},

@@ -25,8 +25,7 @@ from spark_bench.kernels.configs import ConfigSpace, declare, split
 # (E = 1 and E >= 33 kept 16384: 106-167 registers, no spill).
 CHUNK_CONFIGS = declare(ConfigSpace(
     "moe.align._align_chunks", key=("N", "E"), default={"TILE": 16384, "BN_MAX": 8192, "num_warps": 4},
-    buckets=[({"E": 1}, {"TILE": 16384, "BN_MAX": 8192, "num_warps": 4}),
-             ({"E": 32}, {"TILE": 4096, "BN_MAX": 8192, "num_warps": 4})],
+    buckets=[({"E": (2, 32)}, {"TILE": 4096, "BN_MAX": 8192, "num_warps": 4})],
     candidates=[{"TILE": 8192, "BN_MAX": 4096, "num_warps": 4}, {"TILE": 16384, "BN_MAX": 8192, "num_warps": 8}],
     doc="slots per chunk of the count and scatter kernels (one program each)"))
 OFFSETS_CONFIGS = declare(ConfigSpace(

@@ -4,7 +4,8 @@ A `ConfigSpace` names the kernel, the shape parameters that can change the best 
 candidate configs and the default (the one chosen on paper, checked offline for sm_90a by `spark-bench kernels`: it
 compiles, fits in shared memory and does not spill). A config is a dict of the kernel's tunable constexprs plus
 `num_warps` / `num_stages`. `buckets` refine the default by key: the first (bounds, config) whose bounds all hold
-(`shape[k] <= bound`; equality for a non-numeric key such as a dtype) wins. `per_target` holds such rules for one
+(`shape[k] <= bound`, or `lo <= shape[k] <= hi` for a `(lo, hi)` bound; equality for a non-numeric key such as a
+dtype) wins. `per_target` holds such rules for one
 GPU family (`triton_env.target_name`: sm_80, sm_90a, sm_100a), tried before `buckets` on that family only: a
 per-device table, as vLLM keeps, for where the paper choice does not fit another GPU (`spark-bench kernels --target
 sm_80` compiles the launches as they would be picked there).
@@ -125,7 +126,11 @@ def stale_text(stale: dict[str, int]) -> str:
 
 
 def _within(value: Any, bound: Any) -> bool:
-    """A bucket bound holds: value <= bound for numbers, value == bound for anything else (a dtype's name)."""
+    """A bucket bound holds: value <= bound for numbers, lo <= value <= hi for a (lo, hi) bound, value == bound for
+    anything else (a dtype's name)."""
+    if isinstance(bound, tuple):
+        lo, hi = bound
+        return lo <= value <= hi
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (value, bound))
     return value <= bound if numeric else value == bound
 
