@@ -35,6 +35,19 @@ def flatten_outputs(out: Any) -> list[tuple[str, torch.Tensor]]:
     return named
 
 
+def stray_leaves(out: Any, name: str = "") -> list[str]:
+    """Names and types of the values in an output that are neither tensors, containers of them, nor None: the
+    default check cannot compare them (a float, a numpy array), so an op whose reference returns one is refused
+    rather than every backend passing unchecked."""
+    if isinstance(out, torch.Tensor) or out is None:
+        return []
+    if isinstance(out, dict):
+        return [s for k, v in out.items() for s in stray_leaves(v, f"{name}.{k}" if name else str(k))]
+    if isinstance(out, (tuple, list)):
+        return [s for i, v in enumerate(out) for s in stray_leaves(v, f"{name}.{i}" if name else str(i))]
+    return [f"{name or 'the output'} ({type(out).__name__})"]
+
+
 def tensor_metrics(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
     if out.shape != ref.shape:
         return {"error": f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"}
@@ -66,6 +79,11 @@ def tensor_metrics(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
 
 def default_compare(out: Any, ref: Any, tol: Tolerance) -> tuple[dict[str, Any], bool, str]:
     outs, refs = flatten_outputs(out), flatten_outputs(ref)
+    stray = stray_leaves(ref)
+    if stray or not refs:
+        what = f"non-tensor values: {', '.join(stray)}" if stray else "no tensor"
+        return {}, False, (f"the reference returned {what}; the check compares tensors only (return tensors, or "
+                           "give the op a compare function)")
     if len(outs) != len(refs):
         return {}, False, f"backend returned {len(outs)} tensors, the reference {len(refs)}"
     per, problems = {}, []
@@ -74,9 +92,9 @@ def default_compare(out: Any, ref: Any, tol: Tolerance) -> tuple[dict[str, Any],
         per[name] = m
         if "error" in m:
             problems.append(f"output {name}: {m['error']}")
-        elif m["err_ratio"] > tol.err_ratio:
+        elif not m["err_ratio"] <= tol.err_ratio:  # written so that a NaN on either side fails
             problems.append(f"output {name}: error ratio {m['err_ratio']:.3g} > {tol.err_ratio:.3g}")
-        elif tol.max_abs is not None and m["max_abs"] > tol.max_abs:
+        elif tol.max_abs is not None and not m["max_abs"] <= tol.max_abs:
             problems.append(f"output {name}: max |diff| {m['max_abs']:.3g} > {tol.max_abs:.3g}")
     numeric = [m for m in per.values() if "err_ratio" in m]
     metrics = {
@@ -99,7 +117,7 @@ def dtype_problems(out: Any, inputs: dict[str, Any], dtype: str) -> list[str]:
             for name, t in flatten_outputs(out) if t.is_floating_point() and t.dtype not in allowed]
 
 
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit for bit, as raw bytes (one pass, no temporaries: cheap on a 64k-token output); NaN equals the same NaN."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
@@ -134,7 +152,7 @@ def mutated_inputs(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """Names of the tensor inputs a call changed in place (bitwise; NaN equals NaN)."""
     return [name for name, t in after.items()
             if isinstance(t, torch.Tensor) and isinstance(before.get(name), torch.Tensor)
-            and not _bits_equal(before[name], t)]
+            and not same_bits(before[name], t)]
 
 
 def _declared_in_place(outputs: Any, inputs: dict[str, Any]) -> set[str]:
@@ -188,7 +206,7 @@ def recheck_outputs(op: Op, out: Any, first: list[tuple[str, torch.Tensor]], ref
     outputs that `differ`. Catches a kernel that is right once and wrong on repeated calls (scratch reused without
     being reset, a race that shows under load), and names one whose bits vary within tolerance (atomics)."""
     now = output_snapshot(op, out, inputs)
-    differ = [name for (name, a), (_, b) in zip(now, first, strict=False) if not _bits_equal(a, b)]
+    differ = [name for (name, a), (_, b) in zip(now, first, strict=False) if not same_bits(a, b)]
     if len(now) == len(first) and not differ:
         return {"identical": True, "ok": True}
     again = check_outputs(op, out, ref, inputs, dtype, pristine=pristine, backend=backend)

@@ -11,82 +11,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from spark_bench import op_contract
+from spark_bench.axis import SHARED_AXES, Axis
 from spark_bench.dtypes import canonical_dtype
 
 Params = dict[str, Any]
-
-# Axis names shared by every op, so one `--set` means the same thing everywhere.
-SHARED_AXES = {
-    "batch": "sequences in the batch",
-    "seq_len": "tokens per sequence",
-    "varlen": "named pattern of sequence lengths",
-    "heads": "attention heads on this GPU (after tensor-parallel slicing)",
-    "head_dim": "head dimension where K = V",
-    "head_dim_k": "key/query head dimension",
-    "head_dim_v": "value head dimension",
-    "tokens": "tokens in the batch (T)",
-    "hidden": "model width (D)",
-    "experts": "routed experts (E)",
-    "topk": "experts per token (K)",
-    "inter": "expert width (I), after tensor-parallel slicing",
-    "groups": "router groups",
-    "rows": "matrix rows",
-    "cols": "matrix columns",
-    "format": "weight format",
-    "routing": "routing distribution",
-    "dtype": "activation dtype",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Axis:
-    """One parameter axis. `values` is the full (GPU) sweep, `quick` the `--quick`/CPU sweep, `also` what `--set`
-    (or a weight file) may give besides them: never swept unless asked for."""
-
-    name: str
-    values: Sequence[Any]
-    quick: Sequence[Any] | None = None
-    doc: str = ""
-    also: Sequence[Any] = ()
-
-    def sweep(self, quick: bool) -> list[Any]:
-        return list(self.quick if quick and self.quick is not None else self.values)
-
-    def parse(self, text: str) -> Any:
-        """Convert one command-line value to this axis's type, judged by its declared values."""
-        sample = next(iter(self.values), None)
-        if isinstance(sample, bool):
-            if text.lower() in ("1", "true", "yes"):
-                return True
-            if text.lower() in ("0", "false", "no"):
-                return False
-            raise ValueError(f"axis {self.name!r} takes true/false, not {text!r}")
-        if isinstance(sample, int):
-            try:
-                value = int(text)
-            except ValueError:
-                raise ValueError(f"axis {self.name!r} takes integers, not {text!r}") from None
-            declared = [v for v in [*self.values, *(self.quick or [])] if isinstance(v, int)]
-            if value < 1 and declared and min(declared) >= 1:  # a size: 0 makes an empty case, -1 an error
-                raise ValueError(f"axis {self.name!r} takes positive integers, not {text!r}")
-            return value
-        if isinstance(sample, float):
-            try:
-                value = float(text)
-            except ValueError:
-                raise ValueError(f"axis {self.name!r} takes numbers, not {text!r}") from None
-            if not math.isfinite(value):  # a typo would otherwise run, and blame the backends for its NaNs
-                raise ValueError(f"axis {self.name!r} takes finite numbers, not {text!r}")
-            return value
-        known = list(dict.fromkeys([*self.values, *(self.quick or []), *self.also]))
-        if known and text not in known:
-            raise ValueError(f"axis {self.name!r} has no value {text!r}; choose from {', '.join(map(str, known))}")
-        return text
-
+__all__ = ["SHARED_AXES", "Axis", "Backend", "Cost", "Extension", "Op", "Params", "Tolerance", "collect"]
 
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
@@ -94,6 +27,10 @@ class Tolerance:
 
     err_ratio: float
     max_abs: float | None = None
+
+    def __post_init__(self) -> None:  # a NaN bound would pass anything (x > nan is False)
+        object.__setattr__(self, "err_ratio", op_contract.number("Tolerance", "err_ratio", self.err_ratio))
+        object.__setattr__(self, "max_abs", op_contract.number("Tolerance", "max_abs", self.max_abs, optional=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +41,12 @@ class Cost:
     flops: float
     bytes: float
     tokens: int | None = None
+
+    def __post_init__(self) -> None:  # every GB/s, TFLOP/s and roofline % divides by these
+        object.__setattr__(self, "flops", op_contract.number("Cost", "flops", self.flops))
+        object.__setattr__(self, "bytes", op_contract.number("Cost", "bytes", self.bytes))
+        tokens = op_contract.number("Cost", "tokens", self.tokens, optional=True)
+        object.__setattr__(self, "tokens", None if tokens is None else int(tokens))
 
 
 Probe = Callable[[str], "str | None"]
@@ -142,21 +85,49 @@ class Backend:
 
     def prepared(self, inputs: dict[str, Any]) -> Callable[..., Any]:
         """The callable that is checked, timed or counted: `setup(fn, inputs)` (its one-off work done now), or fn."""
-        return self.setup(self.fn, inputs) if self.setup else self.fn
+        if self.setup is None:
+            return self.fn
+        fn = self.setup(self.fn, inputs)
+        if not callable(fn):
+            raise TypeError(f"setup of backend {self.name!r} returned {type(fn).__name__}, not the callable to time")
+        return fn
+
+    def __post_init__(self) -> None:
+        if isinstance(self.labels, str):  # labels="gpu" is one label, not three
+            self.labels = (self.labels,)
 
     def unavailable(self, device: str) -> str | None:
-        """Why this backend cannot run on `device`, or None when it can."""
-        if self.probe is None:
-            return None
+        """Why this backend cannot run on `device`, or None when it can. A probe returns None or the reason; a bool
+        is read as 'available?' (a `torch.cuda.is_available` probe), anything else is refused as the reason."""
+        why: Any = None
+        if self.probe is not None:
+            try:
+                why = self.probe(device)
+            except Exception as exc:  # a probe must never take the registry down
+                return f"probe failed: {type(exc).__name__}: {exc}"
+        if why is False:
+            return "probe returned False (a probe returns None when the backend can run, else the reason)"
+        if why is not None and why is not True and not isinstance(why, str):
+            return f"probe returned {type(why).__name__} {why!r}, not None or a reason"
+        if isinstance(why, str) and why:
+            return why
         try:
-            return self.probe(device)
-        except Exception as exc:  # a probe must never take the registry down
-            return f"probe failed: {type(exc).__name__}: {exc}"
+            self._labels(device)
+        except Exception as exc:  # checked here so that `list` and a run skip it with the reason
+            return f"labels failed: {type(exc).__name__}: {exc}"
+        return None
+
+    def _labels(self, device: str) -> list[str]:
+        labels = self.labels(device) if callable(self.labels) else self.labels
+        return [str(labels)] if isinstance(labels, str) else [str(x) for x in labels]
 
     def labels_for(self, device: str) -> list[str]:
-        labels = self.labels(device) if callable(self.labels) else self.labels
-        return list(labels)
-
+        """The labels shown beside this backend's numbers on `device` ([] when its labels callable fails: the
+        backend is then unavailable, see `unavailable`)."""
+        try:
+            return self._labels(device)
+        except Exception:  # noqa: BLE001
+            return []
 
 class _BackendHost:
     """Shared `@x.backend(...)` decorator of ops and extensions."""
@@ -239,6 +210,8 @@ class Op(_BackendHost):
     def __post_init__(self) -> None:
         if "." not in self.name:
             raise ValueError(f"op name {self.name!r} must be dotted, like 'kda.gate'")
+        if isinstance(self.dtypes, str) or isinstance(self.quick_dtypes, str):
+            raise ValueError(f"{self.name}: dtypes and quick_dtypes are lists, like ['bf16']")
         self.dtypes = [canonical_dtype(d) for d in self.dtypes]
         self.quick_dtypes = [canonical_dtype(d) for d in (self.quick_dtypes or self.dtypes[:1])]
         self.tolerance = {canonical_dtype(k): v for k, v in self.tolerance.items()}
@@ -249,6 +222,8 @@ class Op(_BackendHost):
             unknown = set(values) - set(names) - {"dtype"}
             if unknown:
                 raise ValueError(f"{self.name}: preset {preset!r} names unknown axes {sorted(unknown)}")
+        op_contract.check_op(self)
+        self.cost = op_contract.checked_cost(self.name, self.cost)
         self.add_backend(Backend("reference", self.reference, default=False, labels=("fp32-reference",)))
         if self.from_weights is not None:
             self._bind_weights()

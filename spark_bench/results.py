@@ -14,6 +14,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from spark_bench.op_contract import json_default
+
 SCHEMA_VERSION = 1
 RUN_SCHEMA = "spark-bench/run"
 RUN_FILE, RESULTS_FILE, LOCK_FILE = "run.json", "results.jsonl", ".lock"
@@ -194,7 +196,7 @@ def write_problem(path: str | Path) -> str | None:
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=json_default) + "\n")
 
 
 class RunStore:
@@ -294,7 +296,7 @@ class RunStore:
                 f.truncate(cut)
 
     def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps({"schema_version": SCHEMA_VERSION, **record}, default=str, allow_nan=True)
+        line = json.dumps({"schema_version": SCHEMA_VERSION, **record}, default=json_default, allow_nan=True)
         data = (line + "\n").encode()
         fd = os.open(self.results_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:

@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, TypeVar
 
+from spark_bench.axis import SHARED_AXES, Axis
 from spark_bench.dtypes import DTYPES, canonical_dtype
-from spark_bench.op import SHARED_AXES, Axis, Op
+from spark_bench.op import Op
 from spark_bench.registry import Registry
 from spark_bench.results import ResultsError, case_id
 

@@ -7,8 +7,11 @@ processes of a `--device cpu` sweep.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import sys
+from collections.abc import Iterator
 
 ENV = "TRITON_INTERPRET"
 
@@ -28,6 +31,30 @@ def configure(device: str | None = None) -> None:
 
     if not torch.cuda.is_available():
         os.environ[ENV] = "1"
+
+
+@contextlib.contextmanager
+def interpreted_launches() -> Iterator[list[int]]:
+    """[number of Triton launches the interpreter ran inside the block]: a backend that launches Triton kernels on a
+    CPU without declaring the 'interpreted' label (`probes.triton_labels`) is labelled by the runner all the same, so
+    an interpreter's time is never shown as a kernel's. Counts nothing unless a kernel was defined interpreted."""
+    count = [0]
+    interp = sys.modules.get("triton.runtime.interpreter")
+    if interp is None or not interpreting():
+        yield count
+        return
+    executor = interp.GridExecutor
+    saved = executor.__call__
+
+    def counted(self, *args, **kwargs):
+        count[0] += 1
+        return saved(self, *args, **kwargs)
+
+    executor.__call__ = counted
+    try:
+        yield count
+    finally:
+        executor.__call__ = saved
 
 
 # Set while `spark_bench.kernelgate.capture` records launches without a GPU: the target described

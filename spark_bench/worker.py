@@ -58,6 +58,7 @@ class CaseRunner:
         self._cache: tuple[str, list[dict[str, Any]], Any, dict[str, Any]] | None = None
         self._refs: dict[int, Any] = {}  # the references of the point's rotated input sets, built when first checked
         self._tuned: tuple[dict[str, Any], Any] | None = None
+        self._seeded: dict[tuple[str, str], bool] = {}
 
     def _inputs(self, op, case: Case, n_sets: int):
         if self._cache is not None and self._cache[0] == case.group:
@@ -76,6 +77,22 @@ class CaseRunner:
         extra = op.extra_info(inputs, case.params) if op.extra_info else {}
         self._cache = (case.group, sets, ref, extra)
         return sets, ref, extra
+
+    def _seeded_factory(self, op, device: str) -> bool:
+        """Whether the op's input factory gives the same inputs for the same seed (one probe per op and device, at
+        its smallest point): an unseeded factory's numbers cannot be reproduced by a later run or `--resume`."""
+        from spark_bench.check import flatten_outputs, same_bits
+
+        if (op.name, device) not in self._seeded:
+            try:
+                a, b = (flatten_outputs(op.make_inputs(None, device=device, dtype=op.quick_dtypes[0], seed=7))
+                        for _ in range(2))
+                same = [n for n, _ in a] == [n for n, _ in b] and all(
+                    same_bits(x, y) for (_, x), (_, y) in zip(a, b, strict=True))
+            except Exception:  # noqa: BLE001 - a factory that fails here fails its cases with the reason
+                same = True
+            self._seeded[(op.name, device)] = same
+        return self._seeded[(op.name, device)]
 
     def _table(self, data: dict[str, Any] | None):
         """The tuned-config table of `run --tuned` (built once per worker)."""
@@ -121,11 +138,14 @@ class CaseRunner:
         from spark_bench.check import check_outputs, clone_inputs, output_snapshot
         from spark_bench.compiled import compile_count
         from spark_bench.timing import for_interpreted, for_stages, measure, with_kept_timer
+        from spark_bench.triton_env import interpreted_launches
         from spark_bench.tune.space import recording, summarize
 
         op = self.reg.get(case.op)
         backend = op.backends[case.backend]
         record["labels"] = backend.labels_for(case.device)
+        if case.weights is None and not self._seeded_factory(op, case.device):
+            record["labels"].append("unseeded-inputs")
         interpreted = "interpreted" in record["labels"]
         if interpreted:
             cfg = for_interpreted(cfg)
@@ -142,8 +162,11 @@ class CaseRunner:
         setup_s = time.perf_counter() - s0
 
         self.phase(case.case_id, "check")
-        with recording() as picks:
+        with recording() as picks, interpreted_launches() as launches:
             out, check_inputs = _poisoned_call(backend, fn, case, sets[0])
+        if launches[0] and not interpreted:  # Triton ran interpreted, undeclared: its time is the interpreter's
+            record["labels"].append("interpreted")
+            interpreted, cfg = True, for_interpreted(cfg)
         if picks:  # which config each declared kernel ran with, and why (spark_bench/tune/space.py)
             record.update(summarize(picks))
         record["check"] = check_outputs(op, out, ref, check_inputs, case.dtype, pristine=sets[0], backend=case.backend)

@@ -119,7 +119,7 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
     notes: list[str] = []
     points = 0
     for p in presets:  # unknown axes, values and dtypes: one line here, not a traceback from the capture process
-        points += point_count(reg, SweepSpec(ops=list(ops), backends=list(backends), preset=p,
+        points += point_count(reg, SweepSpec(ops=list(ops), backends=list(backends or DEFAULT_BACKENDS), preset=p,
                                              overrides=dict(overrides), dtypes=dtypes, quick=quick), notes)
     if not points:  # nothing compiled is no pass
         raise UsageError("nothing to compile: the selection has no parameter point"
