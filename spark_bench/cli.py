@@ -29,6 +29,7 @@ from spark_bench.options import (
     sweep_spec,
 )
 from spark_bench.report.cli import compare, report
+from spark_bench.selection import select_records
 from spark_bench.sweep import UsageError
 from spark_bench.telemetry.cli import calibrate, profile
 from spark_bench.tune.cli import load_tuned, tune, tuned
@@ -243,7 +244,7 @@ def show_cmd(run_dir: Path, failed: bool, ops: tuple[str, ...], backends: tuple[
              sets: tuple[str, ...], limit: int) -> None:
     """The table of a stored run (all of it, or the cases the filters select)."""
     run, every = results.load_run(run_dir)
-    records = results.select_records(every, ops=ops, backends=backends, dtypes=dtypes, sets=sets)
+    records = select_records(every, ops=ops, backends=backends, dtypes=dtypes, sets=sets)
     if failed:
         records = [r for r in records if r["status"] != "ok"]
     out = console()

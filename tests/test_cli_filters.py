@@ -8,7 +8,8 @@ import pytest
 from conftest import run_cli
 from report_fixtures import case, draw, write_run
 
-from spark_bench.results import ResultsError, select_records
+from spark_bench.results import ResultsError
+from spark_bench.selection import select_records
 from spark_bench.sweep import UsageError, op_overrides
 
 

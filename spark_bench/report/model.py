@@ -111,7 +111,7 @@ def params_text(params: dict[str, Any], skip: Iterable[str] = ()) -> str:
 def select_runs(runs: Sequence[RunData], ops: tuple[str, ...] = (), backends: tuple[str, ...] = ()) -> None:
     """Keep, in place, only the cases the op and backend globs select (all for none); ResultsError (one line,
     naming what the runs have) when they select nothing."""
-    from spark_bench.results import record_matches, select_records
+    from spark_bench.selection import record_matches, select_records
 
     if ops or backends:
         select_records([r for run in runs for r in run.results], ops=ops, backends=backends)
