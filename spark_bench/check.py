@@ -124,6 +124,17 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)))
 
 
+def factory_is_seeded(op: Op, device: str) -> bool:
+    """Whether the op's input factory gives the same inputs for the same seed, at its smallest point: an unseeded
+    factory's numbers cannot be reproduced by a later run or `--resume` (the runner labels them)."""
+    try:
+        a, b = (flatten_outputs(op.make_inputs(None, device=device, dtype=op.quick_dtypes[0], seed=7))
+                for _ in range(2))
+    except Exception:  # noqa: BLE001 - a factory that fails here fails its cases with the reason
+        return True
+    return [n for n, _ in a] == [n for n, _ in b] and all(same_bits(x, y) for (_, x), (_, y) in zip(a, b, strict=True))
+
+
 def untouched_slots(index: str, *pools: str) -> Callable[[dict[str, Any]], dict[str, torch.Tensor]]:
     """`Op.untouched` of an op that updates `pools` in place at the rows `inputs[index]` names: every other row."""
     def rows(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:

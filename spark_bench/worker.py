@@ -79,19 +79,10 @@ class CaseRunner:
         return sets, ref, extra
 
     def _seeded_factory(self, op, device: str) -> bool:
-        """Whether the op's input factory gives the same inputs for the same seed (one probe per op and device, at
-        its smallest point): an unseeded factory's numbers cannot be reproduced by a later run or `--resume`."""
-        from spark_bench.check import flatten_outputs, same_bits
+        from spark_bench.check import factory_is_seeded
 
-        if (op.name, device) not in self._seeded:
-            try:
-                a, b = (flatten_outputs(op.make_inputs(None, device=device, dtype=op.quick_dtypes[0], seed=7))
-                        for _ in range(2))
-                same = [n for n, _ in a] == [n for n, _ in b] and all(
-                    same_bits(x, y) for (_, x), (_, y) in zip(a, b, strict=True))
-            except Exception:  # noqa: BLE001 - a factory that fails here fails its cases with the reason
-                same = True
-            self._seeded[(op.name, device)] = same
+        if (op.name, device) not in self._seeded:  # once per op and device
+            self._seeded[(op.name, device)] = factory_is_seeded(op, device)
         return self._seeded[(op.name, device)]
 
     def _table(self, data: dict[str, Any] | None):
@@ -112,6 +103,9 @@ class CaseRunner:
             "extra": {}, "power": None, "roofline": None, "recompiles_during_timing": None, "recheck": None,
             "started": started, "worker_pid": os.getpid(),
         }
+        op = self.reg.ops.get(case.op)  # probed before the case's memory peak counts
+        if op is not None and case.weights is None and not self._seeded_factory(op, case.device):
+            record["labels"].append("unseeded-inputs")
         memory = _memory_start(case.device)
         try:
             from spark_bench.tune.space import applied
@@ -143,9 +137,7 @@ class CaseRunner:
 
         op = self.reg.get(case.op)
         backend = op.backends[case.backend]
-        record["labels"] = backend.labels_for(case.device)
-        if case.weights is None and not self._seeded_factory(op, case.device):
-            record["labels"].append("unseeded-inputs")
+        record["labels"] = backend.labels_for(case.device) + record["labels"]  # run()'s own first
         interpreted = "interpreted" in record["labels"]
         if interpreted:
             cfg = for_interpreted(cfg)

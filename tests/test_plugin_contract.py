@@ -260,3 +260,13 @@ def test_an_extension_is_all_or_nothing_even_loaded_before_its_op():
     assert set(op.backends) == {"reference", "torch"}
     assert [(e.source, e.message) for e in reg.errors] == [
         ("ext_first", "backend 'torch' already exists on pc.double; the extension is not loaded")]
+
+
+def test_an_unseeded_factory_is_told_from_a_seeded_one():
+    from spark_bench.check import factory_is_seeded
+    from spark_bench.inputs import generator
+
+    seeded = _op(make_inputs_fn=lambda p, device, dtype, seed: {"x": torch.randn(p["rows"],
+                                                                                 generator=generator(device, seed))})
+    unseeded = _op(make_inputs_fn=lambda p, device, dtype, seed: {"x": torch.randn(p["rows"])})
+    assert factory_is_seeded(seeded, "cpu") and not factory_is_seeded(unseeded, "cpu")
