@@ -117,7 +117,7 @@ class Registry:
         return self
 
     def failed_note(self) -> str:
-        """'; 2 plugins failed to load (a, b: see spark-bench list)' when any did, for 'no such op' messages."""
+        """'; 2 plugin load error(s) (a, b: see spark-bench list)' when any plugin failed, for 'no such op' messages."""
         if not self.errors:
             return ""
         names = ", ".join(dict.fromkeys(e.source for e in self.errors))
