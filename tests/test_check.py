@@ -33,3 +33,24 @@ def test_poisoned_allocations_expose_unwritten_elements():
     _, ok, _ = default_compare(y, x.double(), Tolerance(1e-3))
     assert not ok
     assert torch.empty.__name__ == "empty" and torch.Tensor.new_empty.__name__ == "new_empty"  # restored
+
+
+def test_the_summary_holds_the_worst_output():
+    """A multi-output op's summary err_ratio is the largest output's and its cosine the smallest (a mutation audit
+    swapped max and min unseen)."""
+    exact, ref = torch.ones(64), torch.ones(64)
+    off = torch.linspace(-1, 1, 64)
+    metrics, ok, _ = default_compare((exact, off + 0.01), (ref, off), Tolerance(1.0))
+    assert ok and metrics["err_ratio"] == metrics["outputs"]["1"]["err_ratio"] > 0
+    assert metrics["cosine"] == metrics["outputs"]["1"]["cosine"] < 1 and metrics["outputs"]["0"]["err_ratio"] == 0
+
+
+def test_max_abs_is_a_bound_at_its_value():
+    ref = torch.ones(4, dtype=torch.float64)
+    tol = Tolerance(1.0, max_abs=1e-5)
+    over, under = ref.clone(), ref.clone()
+    over[0] += 2e-5
+    under[0] += 0.5e-5
+    metrics, ok, message = default_compare(over, ref, tol)
+    assert not ok and "max |diff|" in message
+    assert default_compare(under, ref, tol)[1]

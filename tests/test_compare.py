@@ -379,3 +379,12 @@ def test_geomean_per_op_and_backend_summarises_the_change(tmp_path):
         assert float(rows[(op, "torch")][3].rstrip("x")) == pytest.approx(1.0, abs=0.03)
     order = [key for key in rows]
     assert order.index(("kda.gate", "triton")) < order.index(("kda.gate", "torch"))  # worst first
+
+
+def test_stored_cis_without_samples_judge_by_overlap():
+    """Without raw samples the verdict is the stored CIs' overlap: overlapping is noisy whatever the ratio (a
+    mutation audit turned the test into 'always separated' unseen)."""
+    base = {"median": 10.0, "ci_low": 5.0, "ci_high": 20.0}
+    assert timing_verdict(base, {"median": 13.0, "ci_low": 6.0, "ci_high": 26.0}, 0.1).verdict == "noisy"
+    assert timing_verdict(base, {"median": 40.0, "ci_low": 30.0, "ci_high": 50.0}, 0.1).verdict == "slower"
+    assert timing_verdict(base, {"median": 3.0, "ci_low": 2.0, "ci_high": 4.0}, 0.1).verdict == "faster"

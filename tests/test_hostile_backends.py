@@ -116,6 +116,16 @@ def test_every_rotated_input_set_is_checked_before_the_timing(hostile_registry):
     assert good["timing"]["input_sets"] == 4
 
 
+def test_the_last_rotated_input_set_is_checked_too(hostile_registry):
+    """A check that stopped after set 1 passed every test above (a mutation audit)."""
+    import hostile_plugin
+
+    hostile_plugin.SEEN.clear()
+    bad = _run_case(hostile_registry, "hostile.rotating", "last_wrong")
+    assert bad["status"] == "mismatch" and bad["timing"] is None, bad
+    assert bad["error"].startswith("right on input set 0, wrong on input set 3 of 4"), bad["error"]
+
+
 def test_interpreted_triton_is_not_rechecked():
     """A CPU run's interpreted kernels skip the repeat (no race can show; it would cost a quarter of the sweep)."""
     from spark_bench.registry import registry

@@ -129,3 +129,11 @@ def test_a_case_that_breaks_fails_the_gate_with_its_error(pytester, fresh_regist
         result = pytester.runpytest(*case, "--benchmark-compare=base.json", *GATE)
         result.assert_outcomes(failed=1)
         assert "gate.scale[kernel-fp32-R3]" in result.stdout.str() and error in result.stdout.str()
+
+
+def test_a_clear_speedup_passes_the_gate():
+    """A gate that failed on `faster` as well as `slower` passed every test above (found by a mutation audit)."""
+    steady = [(10 + 0.01 * i) * 1e-6 for i in range(12)]
+    naive, honest = _verdict(steady, [s / 2 for s in steady])
+    assert not naive  # pytest-benchmark's own check passes a speedup too
+    assert honest is None

@@ -56,3 +56,12 @@ def test_match_globs_and_unknown():
     assert all(op.family == "kda" for op in reg.match(["kda.*"]))
     with pytest.raises(KeyError, match="no op matches"):
         reg.match(["nope.*"])
+
+
+def test_set_values_replace_an_axis_whole():
+    """`--set tokens=1,7,9` sweeps all three (a mutation keeping only the first value was caught only by a 5-minute
+    kill-and-resume test, indirectly)."""
+    from spark_bench import get_op
+
+    points = get_op("kda.gate").points({"tokens": [1, 7, 9]}, quick=True)
+    assert sorted({p["tokens"] for p in points}) == [1, 7, 9]

@@ -179,3 +179,18 @@ def test_budget_stops_new_points_reports_what_ran_and_resume_finishes(tmp_path, 
     assert done.returncode == 0 and "budget of" not in done.stdout, done.stdout + done.stderr
     assert len(set(_case_ids(out / "results.jsonl"))) == 24
     assert "stopped_by_budget" not in json.loads((out / "run.json").read_text())
+
+
+def test_resume_of_a_finished_run_reruns_nothing_not_even_its_failures(tmp_path, fault_env):
+    """A case is measured once: a finished case that failed (a mismatch, an error) is in the journal and stays as
+    recorded; resume runs only the cases not journaled yet (a mutation audit: re-running every non-ok case passed)."""
+    out = tmp_path / "run"
+    sweep = ["--op", "fault.scale", "--backend", "good", "--backend", "wrong", "--backend", "raises", "--quick",
+             "--set", "rows=3", "--set", "cols=5", "--out", out, "--no-report"]
+    first = subprocess.run(spark_bench_cmd("run", *sweep), env=fault_env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 1, first.stdout + first.stderr
+    journal = (out / "results.jsonl").read_text()
+    assert sorted(json.loads(line)["status"] for line in journal.splitlines()) == ["error", "mismatch", "ok"]
+    again = subprocess.run(spark_bench_cmd("run", "--resume", out, "--no-report"), env=fault_env,
+                           capture_output=True, text=True, timeout=600)
+    assert "Traceback" not in again.stderr and (out / "results.jsonl").read_text() == journal

@@ -156,6 +156,19 @@ def rotating_clips(x):
     return 2 * x.clamp(max=50.0)
 
 
+SEEN: list[float] = []  # the input sets `last_wrong` has been called on, in order (a test clears it)
+
+
+@rotating.backend("last_wrong")
+def rotating_last_wrong(x):
+    """Right on the first three input sets it is called on, wrong on the fourth: only a check of every set before the
+    timing catches it (the timing rotates through all four; the recheck after it takes set 0)."""
+    key = float(x.flatten()[0])
+    if key not in SEEN:
+        SEEN.append(key)
+    return 2 * x if SEEN.index(key) < 3 else 3 * x
+
+
 # an in-place op on a slot pool (kda decode ops): pool[slots] += x, y = 2 * x; the other slots must not change
 def _pool_inputs(p, *, device, dtype, seed):
     gen = generator(device, seed)
