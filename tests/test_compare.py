@@ -24,6 +24,8 @@ from spark_bench.report.compare import (  # noqa: E402
     timing_verdict,
 )
 
+SCIPY = "scipy, the Mann-Whitney oracle, is a dev dependency: pip install -e '.[dev]'"
+
 
 def timing(samples) -> dict:
     return fx.timing_of(np.asarray(samples, dtype=float))
@@ -46,7 +48,7 @@ def test_mann_whitney_by_hand():
 
 @pytest.mark.parametrize("n1,n2", [(3, 3), (4, 9), (7, 7), (12, 17), (20, 20)])
 def test_exact_mann_whitney_matches_scipy(n1, n2):
-    stats = pytest.importorskip("scipy.stats")
+    stats = pytest.importorskip("scipy.stats", reason=SCIPY)
     rng = np.random.default_rng(n1 * 100 + n2)
     a, b = rng.normal(10, 1, n1), rng.normal(10.8, 1, n2)
     ref = stats.mannwhitneyu(a, b, alternative="two-sided", method="exact")
@@ -55,7 +57,7 @@ def test_exact_mann_whitney_matches_scipy(n1, n2):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_mann_whitney_matches_scipy(seed):
-    stats = pytest.importorskip("scipy.stats")
+    stats = pytest.importorskip("scipy.stats", reason=SCIPY)
     rng = np.random.default_rng(seed)
     a = np.round(rng.normal(10, 1, 37), 1)  # rounded: plenty of ties
     b = np.round(rng.normal(10.4, 1, 23), 1)
