@@ -124,15 +124,38 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)))
 
 
+def _global_rng_states() -> list:
+    """The process-wide random states an unseeded factory draws from: torch (CPU and the current CUDA device),
+    numpy, Python's random."""
+    import random
+
+    import numpy as np
+
+    states = [torch.random.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states.append(torch.cuda.get_rng_state())
+    return states
+
+
+def _same_states(a: list, b: list) -> bool:
+    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else (x == y).all() if hasattr(x, "all") else x == y
+               for x, y in zip(a, b, strict=True))
+
+
 def factory_is_seeded(op: Op, device: str) -> bool:
     """Whether the op's input factory gives the same inputs for the same seed, at its smallest point: an unseeded
-    factory's numbers cannot be reproduced by a later run or `--resume` (the runner labels them)."""
+    factory's numbers cannot be reproduced by a later run or `--resume` (the runner labels them). Unseeded means
+    both: the two calls' inputs differ, and a global random state moved (a `torch.empty` output buffer differs
+    between calls too, drawing nothing). Any failure answers True: the factory's own errors fail its cases."""
     try:
+        before = _global_rng_states()
         a, b = (flatten_outputs(op.make_inputs(None, device=device, dtype=op.quick_dtypes[0], seed=7))
                 for _ in range(2))
-    except Exception:  # noqa: BLE001 - a factory that fails here fails its cases with the reason
+        if [n for n, _ in a] == [n for n, _ in b] and all(same_bits(x, y) for (_, x), (_, y) in zip(a, b, strict=True)):
+            return True
+        return _same_states(before, _global_rng_states())
+    except Exception:  # noqa: BLE001
         return True
-    return [n for n, _ in a] == [n for n, _ in b] and all(same_bits(x, y) for (_, x), (_, y) in zip(a, b, strict=True))
 
 
 def untouched_slots(index: str, *pools: str) -> Callable[[dict[str, Any]], dict[str, torch.Tensor]]:

@@ -118,9 +118,9 @@ def probe_backends(backends: Iterable[tuple[str, Any]], device: str, isolate: bo
     isolated: list[Key] = []
     for op_name, backend in backends:
         key = (op_name, backend.name)
-        if backend.probe is None:
+        if backend.probe is None and not callable(backend.labels):
             answers[key] = None
-        elif trusted(backend.probe) or not isolate:
+        elif backend.probe is None or trusted(backend.probe) or not isolate:  # (a labels callable: it may raise)
             answers[key] = backend.unavailable(device)
         else:
             isolated.append(key)

@@ -46,6 +46,8 @@ class Cost:
         object.__setattr__(self, "flops", op_contract.number("Cost", "flops", self.flops))
         object.__setattr__(self, "bytes", op_contract.number("Cost", "bytes", self.bytes))
         tokens = op_contract.number("Cost", "tokens", self.tokens, optional=True)
+        if tokens is not None and not tokens.is_integer():
+            raise ValueError(f"Cost: tokens={self.tokens!r} (a count of tokens)")
         object.__setattr__(self, "tokens", None if tokens is None else int(tokens))
 
 

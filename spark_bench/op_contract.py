@@ -35,9 +35,16 @@ def number(owner: str, field: str, value: Any, *, optional: bool = False) -> flo
     if value is None and optional:
         return None
     value = plain(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{owner}: {field}={value!r} (must be a finite number >= 0)")
-    return float(value)
+    try:
+        ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value) and value >= 0
+        return float(value) if ok else _refuse(owner, field, value)
+    except OverflowError:  # an int past a float's range
+        return _refuse(owner, field, value)
+
+
+def _refuse(owner: str, field: str, value: Any):
+    text = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
+    raise ValueError(f"{owner}: {field}={text} (must be a finite number >= 0)")
 
 
 def sweep_values(axis: str, field: str, values: Any, *, empty_ok: bool = False) -> list[Any]:
@@ -70,15 +77,15 @@ def check_op(op: Any) -> None:
                          f"tolerance has {', '.join(op.tolerance) or 'none'})")
     for preset, values in op.presets.items():
         for axis, vals in values.items():
-            if isinstance(vals, (str, bytes)) or not isinstance(vals, Sequence):
+            if isinstance(vals, (str, bytes)) or not (isinstance(vals, Sequence) or hasattr(vals, "tolist")):
                 raise ValueError(f"{op.name}: preset {preset!r} gives {axis} {vals!r}; a preset gives a list of "
-                                 f"values per axis ({axis}: [{vals!r}])")
-            if not vals:
+                                 f"values per axis, like {axis}: [{vals!r}]")
+            if not len(vals):
                 raise ValueError(f"{op.name}: preset {preset!r} gives {axis} no value")
             if axis == "dtype":
                 for d in vals:
                     canonical_dtype(d)  # ValueError names the dtype
-    op.presets = {name: {axis: [plain(v) for v in vals] for axis, vals in values.items()}
+    op.presets = {name: {axis: sweep_values(axis, f"preset {name!r}", vals) for axis, vals in values.items()}
                   for name, values in op.presets.items()}
     for field in ("compare", "outputs", "untouched", "extra_info", "redraw"):
         value = getattr(op, field)

@@ -173,17 +173,21 @@ def profile_case(op_name: str, backend_name: str, *, sets: Sequence[str] = (), d
     """Profile one case; writes trace.json, kernels.json, kernels.txt under out_dir and returns the summary.
     weights: a weight spec (--weights/--layer/--routing): the inputs come from that layer (docs/weights.md)."""
     from spark_bench.timing import on_device
+    from spark_bench.triton_env import interpreted_launches
     from spark_bench.weights import using
 
     op, backend, params, dtype = resolve_case(op_name, backend_name, sets, dtype, device, weights=weights)
     with using(weights), on_device(device):  # cuda:N current: Triton launches on the current device
         call = build_call(op, backend, params, dtype, device, seed)
-        prof = record(call, device, iters, warmup)
+        with interpreted_launches() as launches:
+            prof = record(call, device, iters, warmup)
     rows = kernel_rows(prof, device, iters)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(out / "trace.json"))
     labels = backend.labels_for(device)
+    if launches[0] and "interpreted" not in labels:  # Triton interpreted, undeclared (as `run` labels it)
+        labels.append("interpreted")
     what = "cuda kernels (device time)" if device.startswith("cuda") else "aten ops (self CPU time)"
     if "interpreted" in labels:  # the interpreter's own Python/numpy work is no aten op: the rows miss most of it
         what += (" in the Triton interpreter's calls (interpreted: host time, not a GPU kernel; the interpreter's "
