@@ -139,8 +139,14 @@ def _global_rng_states() -> list:
 
 def _same_states(a: list, b: list) -> bool:
     """The states both lists hold are equal (CUDA's joins the list when the factory is the first to initialise it)."""
-    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else (x == y).all() if hasattr(x, "all") else x == y
-               for x, y in zip(a, b, strict=False))
+    import numpy as np
+
+    def equal(x, y) -> bool:
+        if isinstance(x, torch.Tensor):
+            return torch.equal(x, y)
+        return bool(np.array_equal(x, y)) if isinstance(x, np.ndarray) else x == y
+
+    return all(equal(x, y) for x, y in zip(a, b, strict=False))
 
 
 def factory_is_seeded(op: Op, device: str) -> bool:

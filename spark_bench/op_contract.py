@@ -8,6 +8,7 @@ Also the plain-value conversions the results need: numpy scalars become Python n
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -97,12 +98,11 @@ def checked_cost(name: str, cost: Callable[..., Any]) -> Callable[..., Any]:
     """The op's cost model, refusing a return value that is not a `Cost` (its numbers are checked by `Cost`)."""
     from spark_bench.op import Cost
 
+    @functools.wraps(cost)
     def cost_model(params, dtype):
         value = cost(params, dtype)
         if not isinstance(value, Cost):
             raise TypeError(f"{name}: the cost model returned {type(value).__name__}, not a Cost(flops, bytes)")
         return value
 
-    cost_model.__wrapped__ = cost  # type: ignore[attr-defined]
-    cost_model.__doc__ = cost.__doc__
     return cost_model

@@ -137,7 +137,7 @@ class CaseRunner:
 
         op = self.reg.get(case.op)
         backend = op.backends[case.backend]
-        record["labels"] = backend.labels_for(case.device) + record["labels"]  # run()'s own first
+        record["labels"] = backend.labels_for(case.device) + record["labels"]  # then those run() added
         interpreted = "interpreted" in record["labels"]
         if interpreted:
             cfg = for_interpreted(cfg)
