@@ -12,11 +12,13 @@
 #   4. the issues' targets (tests/gpu/targets.py: the points issues 12 and 13 name, ours against fla / vLLM / torch
 #      and the measured roofline) and their verdicts, then (4b) the launch that faulted for each backend with a CUDA
 #      fault (tests/gpu/locate_faults.py), (4c) the per-kernel times of the chunk prefill's stages and the MoE experts'
-#      kernels at those points (tests/gpu/profiles.py, torch.profiler, a process per case),
+#      kernels at those points (tests/gpu/profiles.py, torch.profiler, a process per case), (4d) moe.layer decode
+#      against the code before issue 13 (tests/gpu/layer_baseline.py, when .baseline-pre13.tar.xz is carried),
 #   5. the GPU sweep (every op, every available backend, fla/vLLM as peers where installed), budgeted and resumable,
 #      and its HTML report.
 # Writes 8 files under $OUT (the device tool returns no more; the runs travel as runs.tar.gz). Run from the repo root:
-#   run(command="bash tests/gpu/run_gpu_check.sh", carry=[".whl", ".triton-cache.tar.xz"], timeout_s=540, kind="nvidia-h200")
+#   run(command="bash tests/gpu/run_gpu_check.sh", carry=[".whl", ".triton-cache.tar.xz", ".baseline-pre13.tar.xz"],
+#       timeout_s=540, kind="nvidia-h200")
 # Peer wheels (plotly, fla-core, gguf and what they need) travel in .whl/ (see docs/gpu.md).
 set -uo pipefail
 OUT=${OUT:-/tmp/spark-gpu-out}
@@ -24,7 +26,7 @@ mkdir -p "$OUT"
 LOG="$OUT/gpu_check.log"
 exec > >(tee -a "$LOG") 2>&1
 export PYTHONUNBUFFERED=1
-TARGETS_BUDGET_S=${TARGETS_BUDGET_S:-150}  # the steps' limits add up to ~520 s with the installs
+TARGETS_BUDGET_S=${TARGETS_BUDGET_S:-125}  # the steps' limits add up to ~520 s with the installs
 SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-15}  # from the command's start, + a hard stop 5 s later: 20 s at most
 # a worker start-up (torch, the plugins, the CUDA context) that hangs is announced after 22 s and given up after 45 s,
 # not the default 300 s, which would eat a step's whole limit without a word
@@ -44,6 +46,10 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+# issue 13's "moe.layer decode >= 1.3x today's": the tree before issue 13, packed here by
+# `python3 tests/gpu/layer_baseline.py pack` with its packages laid out as installed (step 4d imports it first)
+BASELINE_SITE=/tmp/pre13/site  # its own kernels precompiled in step 0 (run from /tmp: python3 -m puts the cwd first)
+[ -f .baseline-pre13.tar.xz ] && mkdir -p /tmp/pre13 && tar -C /tmp/pre13 -xJf .baseline-pre13.tar.xz
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv || true
 spark-bench env --json  # the fingerprint (also stored in run.json)
 
@@ -53,8 +59,11 @@ echo "== 0. precompile (budget 55 s; carried cache entries: $(cache_entries))"
 # H200 run, 2026-12-05: the quick ones took 25-34 s, each target group 13-20 s; all 472 of the GPU sweep > 65 s.)
 timeout 55 bash -c 'spark-bench kernels --quick --no-presets --select all --jobs 8 --triton-cache "$TRITON_CACHE_DIR" \
   --json > /tmp/precompile.json 2> /tmp/precompile.err & quick=$!
+  [ -d '"$BASELINE_SITE"' ] && (cd /tmp && PYTHONPATH='"$BASELINE_SITE"'${PYTHONPATH:+:$PYTHONPATH} python3 -m \
+    spark_bench kernels --op moe.layer --preset kimi-linear --set tokens=1,8 --set format=bf16,q2k_q3k --select all \
+    --jobs 4 --triton-cache "$TRITON_CACHE_DIR" > /dev/null 2>&1) & base=$!  # from /tmp: not this tree'"'"'s
   python3 tests/gpu/targets.py precompile -- --select all --jobs 8 --triton-cache "$TRITON_CACHE_DIR" --json
-  wait $quick; echo "quick precompile exit code: $?"'
+  wait $quick; echo "quick precompile exit code: $?"; wait $base 2>/dev/null; echo "baseline precompile exit code: $?"'
 echo "precompile exit code: $? ($(tail -n 1 /tmp/precompile.err)); cache entries now: $(cache_entries)"
 
 echo "== 1. calibrate (the measured roofline every later run reads)"
@@ -106,6 +115,12 @@ timeout 50 python3 tests/gpu/profiles.py /tmp/gpu-profiles --timeout 12 --budget
 cp /tmp/gpu-faults.jsonl /tmp/gpu-profiles/ 2>/dev/null
 save_runs gpu-targets gpu-correct gpu-profiles
 
+echo "== 4d. moe.layer decode against the code before issue 13 (both trees timed alike, each in its own process)"
+mkdir -p /tmp/gpu-layer-baseline
+[ -f .baseline-pre13.tar.xz ] && timeout 30 python3 tests/gpu/layer_baseline.py run \
+  /tmp/gpu-layer-baseline/layer_baseline.json --baseline .baseline-pre13.tar.xz --budget 27 --device cuda
+save_runs gpu-targets gpu-correct gpu-profiles gpu-layer-baseline
+
 echo "== 5. GPU sweep (budget ${SWEEP_BUDGET_S}s; resumable)"
 before=$(cache_entries)
 # --budget: no new point after it (the run ends as usual, run.json and the report say how many cases were left);
@@ -117,5 +132,5 @@ echo "sweep exit code: $? (124 = the hard stop; 0/1: ended within the budget);" 
 spark-bench report /tmp/gpu-sweep -o "$OUT/report.html"
 # every run's spec and results (reports can be rebuilt from them here: spark-bench report DIR)
 # the workers' logs too: the first H200 run's crashes kept no traceback (every worker died before its first case)
-save_runs gpu-sweep gpu-targets gpu-correct gpu-profiles
+save_runs gpu-sweep gpu-targets gpu-correct gpu-profiles gpu-layer-baseline
 ls -la "$OUT"
