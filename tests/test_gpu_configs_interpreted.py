@@ -32,7 +32,18 @@ def _cases():
 # router's rows path): also run as on a 2-SM part, where a persistent program loops over many items and the router
 # takes its rows path at the quick sweep's token counts
 BY_SM_COUNT = ("kda.chunk_prefill", "kda.block_prefill", "moe.router", "moe.layer")
-CASES = [(case, sms) for case in _cases() for sms in (132, 2) if sms == 132 or case.op in BY_SM_COUNT]
+# the GGUF decode past its fused slot sum's bucket (T > 8) at T = 9, not the quick sweep's 33: the same launches and
+# specialisations (one slice of I and of D, the slot sum its own launch) with a quarter of the interpreted programs
+# (P * I / BR up, P * D / BR down: 82 s -> 22 s here, the suite's slowest case)
+SMALLER = {("moe.experts_gguf", "triton_decode", 33): 9}
+
+
+def _smaller(case):
+    tokens = SMALLER.get((case.op, case.backend, case.params.get("tokens")))
+    return dataclasses.replace(case, params={**case.params, "tokens": tokens}) if tokens else case
+
+
+CASES = [(_smaller(case), sms) for case in _cases() for sms in (132, 2) if sms == 132 or case.op in BY_SM_COUNT]
 # head_dim 64 (outside the presets) takes configs of its own (docs/kernels.md, "Shapes outside the presets"): the
 # chunk core's 16-bit BKD 8 without the persistent loop, fp32 state BV 16 at 8 warps
 _CHUNK = next(c for c in _cases() if c.op == "kda.chunk_prefill" and c.backend == "triton")
@@ -51,6 +62,23 @@ def test_gpu_configs_match_the_reference(case, sms):
     assert counts["launches"] > 0
     check = check_outputs(op, out, ref, inputs, case.dtype, backend=case.backend)
     assert check["ok"], check["message"]
+
+
+def test_the_smaller_gguf_decode_case_launches_what_the_quick_sweeps_does():
+    """T = 9 stands in for 33 (SMALLER): both past the fused slot sum's bucket, one slice of I and of D."""
+    from spark_bench.kernels.moe import experts_gguf_decode as gd
+    from spark_bench.kernels.moe.slots import SUM_CONFIGS
+
+    case = next(c for c, _ in CASES if (c.op, c.backend) == ("moe.experts_gguf", "triton_decode")
+                and c.params["tokens"] == 9)
+    D, I, K = case.params["hidden"], case.params["inter"], case.params["topk"]
+    for config, grid_axis in ((gd.DECODE_UP_CONFIGS, I), (gd.DECODE_DOWN_CONFIGS, D)):
+        picks = [config.pick(P=T * K, D=D, I=I) for T in (9, 33)]
+        assert picks[0] == picks[1]
+        slices = [gd.down_split(T * K, grid_axis, (D if grid_axis == I else I) // 256, picks[0]["BR"],
+                                picks[0]["MIN_CTAS"]) for T in (9, 33)]
+        assert slices[0] == slices[1]
+    assert SUM_CONFIGS.pick(T=9, D=D) == SUM_CONFIGS.pick(T=33, D=D) and not SUM_CONFIGS.pick(T=9, D=D)["FUSE"]
 
 
 def test_the_launches_are_a_gpus_not_the_interpreters():
