@@ -117,8 +117,12 @@ save_runs gpu-targets gpu-correct gpu-profiles
 
 echo "== 4d. moe.layer decode against the code before issue 13 (both trees timed alike, each in its own process)"
 mkdir -p /tmp/gpu-layer-baseline
-[ -f .baseline-pre13.tar.xz ] && timeout 30 python3 tests/gpu/layer_baseline.py run \
-  /tmp/gpu-layer-baseline/layer_baseline.json --baseline .baseline-pre13.tar.xz --budget 27 --device cuda
+if [ -f .baseline-pre13.tar.xz ]; then
+  timeout 30 python3 tests/gpu/layer_baseline.py run /tmp/gpu-layer-baseline/layer_baseline.json \
+    --baseline .baseline-pre13.tar.xz --budget 27 --device cuda
+else
+  echo "skipped: no .baseline-pre13.tar.xz carried (python3 tests/gpu/layer_baseline.py pack, docs/gpu.md)"
+fi
 save_runs gpu-targets gpu-correct gpu-profiles gpu-layer-baseline
 
 echo "== 5. GPU sweep (budget ${SWEEP_BUDGET_S}s; resumable)"
