@@ -88,3 +88,10 @@ def test_verdict_needs_every_point_right_and_fast_enough():
     nan = lb.verdict([_row(P1, 200, err=float("nan"))], [_row(P1, 100)], [P1])
     assert nan["verdict"] == "failed"
     assert lb.verdict([_row(P1, 200)], [_row(P1, 100)], [P1], device="cpu")["verdict"].startswith("not judged")
+
+
+def test_a_point_cut_mid_line_by_the_budget_is_left_out(tmp_path):
+    path = tmp_path / "ours.jsonl"
+    path.write_text(json.dumps(_row(P1, 100) | {"tree": "t"}) + '\n{"tree": "t", "point": {"tok')
+    assert [r["point"] for r in lb._rows(str(path))] == [P1]
+    assert lb._rows(str(tmp_path / "missing.jsonl")) == []

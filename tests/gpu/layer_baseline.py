@@ -194,6 +194,17 @@ def verdict(base_rows: list[dict], our_rows: list[dict], points: list[dict], dev
             "points": judged, "verdict": overall}
 
 
+def _rows(path: str) -> list[dict]:
+    """The points a `measure` process wrote (a line cut by its kill is left out)."""
+    rows = []
+    for line in open(path) if Path(path).exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return rows
+
+
 def run(out_json: str, baseline: str, budget_s: float, device: str, quick: bool, iters: int) -> dict:
     """Both trees measured (ours first: its kernels are in the check's cache), then the verdict, into out_json."""
     end = time.monotonic() + budget_s
@@ -205,7 +216,7 @@ def run(out_json: str, baseline: str, budget_s: float, device: str, quick: bool,
     for who, where, share in (("ours", None, 0.4), ("baseline", site, 1.0)):
         path = str(work / f"{who}.jsonl")
         status[who] = run_tree(path, where, device, quick, iters, (end - time.monotonic()) * share)
-        rows[who] = [json.loads(line) for line in open(path)] if Path(path).exists() else []
+        rows[who] = _rows(path)
     trees = {who: {r["tree"] for r in rows[who]} for who in rows}
     if rows["baseline"] and trees["baseline"] != {site}:
         raise SystemExit(f"the baseline process imported {trees['baseline']}, not {site}")
