@@ -95,3 +95,12 @@ def test_a_point_cut_mid_line_by_the_budget_is_left_out(tmp_path):
     path.write_text(json.dumps(_row(P1, 100) | {"tree": "t"}) + '\n{"tree": "t", "point": {"tok')
     assert [r["point"] for r in lb._rows(str(path))] == [P1]
     assert lb._rows(str(tmp_path / "missing.jsonl")) == []
+
+
+def test_a_wrong_answer_on_the_cpu_is_failed_not_unjudged():
+    """Mutation audit 3 (B5: `and overall != "failed"` dropped): the interpreter judges no speed, but a tree that
+    answers wrong there is wrong on the GPU too; the CPU run must say failed."""
+    wrong = lb.verdict([_row(P1, 500)], [_row(P1, 100, err=0.02)], [P1], device="cpu")
+    assert wrong["verdict"] == "failed"
+    assert lb.verdict([_row(P1, 100)], [_row(P1, 100)], [P1], device="cpu")["verdict"] == \
+        "not judged: timed on cpu (Triton interpreted: the mechanics only)"
