@@ -353,3 +353,21 @@ def test_the_gpu_check_s_step_limits_fit_its_call():
     assert limits - swapped + targets_s + sweep_s <= 500, (limits, swapped, targets_s, sweep_s)
     assert "--no-energy" in code.split("== 2. ")[1].split("== 2b.")[0]  # 80 energy windows would not fit in 70 s
     assert code.index("spark-bench calibrate") < code.index("== 2. ")  # measured before any run reads it
+
+
+def test_the_first_peer_that_ran_is_the_one_compared_and_only_bf16_rows_of_ours_count():
+    """Mutation audit 3: G7 (the peer loop not stopped at the first peer: torch judged where vLLM ran), G5 (the
+    bf16 filter dropped: an fp32 sweep's failure failed a bf16 target), G9 (a target without a bound said 'met')."""
+    import dataclasses
+
+    p = {"hidden": 2304, "experts": 256, "topk": 8, "inter": 1024, "routing": "uniform"}
+    rows = [r for T in targets.MOE_T["tokens"] for r in (
+        row("moe.experts", "triton", us=5.0, tokens=T, **p),
+        row("moe.experts", "vllm", us=6.0, tokens=T, **p),
+        row("moe.experts", "torch", us=15.0, tokens=T, **p),
+        {**row("moe.experts", "triton", status="mismatch", tokens=T, **p), "dtype": "fp32"})]
+    v = targets.verdict(rows, EXPERTS)
+    assert v["verdict"] == "met" and {(q["peer"], q["ratio"]) for q in v["points"]} == {("vllm", 1.2)}
+    unbounded = dataclasses.replace(GATE, min_pct_bw=None, min_ratio=None)
+    gate = [row("kda.gate", "triton", pct=10.0, tokens=65536, heads=32, head_dim=128)]
+    assert targets.verdict(gate, unbounded)["verdict"] == "measured"
