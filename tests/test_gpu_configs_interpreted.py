@@ -72,11 +72,11 @@ def test_the_smaller_gguf_decode_case_launches_what_the_quick_sweeps_does():
     case = next(c for c, _ in CASES if (c.op, c.backend) == ("moe.experts_gguf", "triton_decode")
                 and c.params["tokens"] == 9)
     D, I, K = case.params["hidden"], case.params["inter"], case.params["topk"]
-    for config, grid_axis in ((gd.DECODE_UP_CONFIGS, I), (gd.DECODE_DOWN_CONFIGS, D)):
+    # (space, rows per pair, super-blocks split): gate/up split D, the down projection I (as decode() does)
+    for config, rows, blocks in ((gd.DECODE_UP_CONFIGS, I, D // 256), (gd.DECODE_DOWN_CONFIGS, D, I // 256)):
         picks = [config.pick(P=T * K, D=D, I=I) for T in (9, 33)]
         assert picks[0] == picks[1]
-        slices = [gd.down_split(T * K, grid_axis, (D if grid_axis == I else I) // 256, picks[0]["BR"],
-                                picks[0]["MIN_CTAS"]) for T in (9, 33)]
+        slices = [gd.down_split(T * K, rows, blocks, picks[0]["BR"], picks[0]["MIN_CTAS"]) for T in (9, 33)]
         assert slices[0] == slices[1]
     assert SUM_CONFIGS.pick(T=9, D=D) == SUM_CONFIGS.pick(T=33, D=D) and not SUM_CONFIGS.pick(T=9, D=D)["FUSE"]
 

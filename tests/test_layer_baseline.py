@@ -41,9 +41,14 @@ def test_pack_lays_the_packages_out_as_installed(packed_head):
     assert commit == "HEAD"
 
 
-def test_run_measures_both_trees_each_from_its_own_packages(packed_head, tmp_path):
-    out = tmp_path / "layer_baseline.json"
-    result = lb.run(str(out), str(packed_head), budget_s=600, device="cpu", quick=True, iters=2)
+@pytest.mark.parametrize("given", ["pack", "unpacked"])
+def test_run_measures_both_trees_each_from_its_own_packages(packed_head, tmp_path, given):
+    out, baseline = tmp_path / "layer_baseline.json", str(packed_head)
+    if given == "unpacked":  # the GPU check's: the site folder step 0 unpacked and precompiled
+        with tarfile.open(packed_head) as tar:
+            tar.extractall(tmp_path, filter="data")
+        baseline = str(tmp_path / "site")
+    result = lb.run(str(out), baseline, budget_s=600, device="cpu", quick=True, iters=2)
     assert json.loads(out.read_text())["verdict"] == result["verdict"]
     assert result["status"] == {"ours": "ok", "baseline": "ok"}
     base, ours = result["rows"]["baseline"], result["rows"]["ours"]
@@ -53,9 +58,11 @@ def test_run_measures_both_trees_each_from_its_own_packages(packed_head, tmp_pat
     assert all(Path(r["tree"]) == REPO or not Path(r["tree"], "BASELINE").exists() for r in ours)
     for r in base + ours:  # the same inputs (seed 0) checked by each tree's own reference
         assert 0 <= r["err_ratio"] <= r["tolerance"] and r["events"]["median_us"] > 0
+        assert r["events"]["clock"] == "cpu-perf_counter" and "graph" not in r
         assert r["params"]["tokens"] in (1, 8)
     assert base[0]["params"] == ours[0]["params"]
     assert result["verdict"].startswith("not judged: timed on cpu")
+    assert result["timer"].startswith("the host's wall clock")
     assert all("ratio" in p for p in result["points"])
 
 

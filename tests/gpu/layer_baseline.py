@@ -8,7 +8,7 @@ eagerly and as a CUDA graph replay where the call can be captured. The verdict c
 so the ratio is the two trees' kernels and launches, not two harnesses:
 
     python3 tests/gpu/layer_baseline.py pack [DEST]            # here, from git: the baseline tree as a .tar.xz
-    python3 tests/gpu/layer_baseline.py run OUT.json [--baseline DEST] [--budget S] [--device cuda] [--quick]
+    python3 tests/gpu/layer_baseline.py run OUT.json [--baseline DEST|DIR] [--budget S] [--device cuda] [--quick]
     python3 tests/gpu/layer_baseline.py measure OUT.jsonl [--device D] [--quick] [--iters N]   # the tree imported
 
 `--quick` takes the op's quick shapes (the CPU test, Triton interpreted); a point is written as soon as it is timed,
@@ -55,10 +55,17 @@ def pack(dest: str = DEFAULT_PACK, commit: str = BASELINE) -> Path:
     return Path(dest)
 
 
+def points_for(quick: bool) -> list[dict]:
+    """The target's points; the quick (interpreted) run takes the bf16 ones (the interpreted GGUF layer takes
+    minutes)."""
+    return [p for p in POINTS if not quick or p["format"] == "bf16"]
+
+
 def point_params(op, shapes: dict, point: dict, quick: bool) -> dict:
-    """Every axis of the op: the point's value, else the model's (Kimi-Linear), else the axis's first."""
-    return {a.name: point[a.name] if a.name in point else (a.sweep(quick)[0] if quick or a.name not in shapes
-                                                          else shapes[a.name]) for a in op.axes}
+    """Every axis of the op: the point's value, else the model's (Kimi-Linear; not in the quick run), else the
+    axis's first."""
+    model = {} if quick else shapes
+    return {a.name: point.get(a.name, model.get(a.name, a.sweep(quick)[0])) for a in op.axes}
 
 
 def time_us(call, device: str, iters: int, graph: bool) -> list[float]:
@@ -99,9 +106,8 @@ def measure(out_path: str, device: str, quick: bool, iters: int) -> None:
     import spark_bench
 
     tree = str(Path(spark_bench.__file__).resolve().parent.parent)
-    points = [p for p in POINTS if not quick or p["format"] == "bf16"]  # the quick GGUF layer takes minutes
     with open(out_path, "a") as out:
-        for point in points:
+        for point in points_for(quick):
             params = point_params(op, KIMI_LINEAR, point, quick)
             row = {"tree": tree, "point": point, "params": params, "device": device}
             try:
@@ -122,13 +128,16 @@ def measure_point(op, params: dict, device: str, iters: int) -> dict:
     got, ref = fn(**inputs).float(), op.reference(**inputs).float()
     row = {"err_ratio": float((got - ref).norm() / ref.norm().clamp_min(1e-30)),
            "tolerance": op.tolerance["bf16"].err_ratio}
-    for timer in ("events", "graph") if device.startswith("cuda") else ("events",):  # no graphs on a CPU
+    cuda = device.startswith("cuda")
+    for timer in ("events", "graph") if cuda else ("events",):  # no graphs on a CPU
+        clock = ("cuda-graph" if timer == "graph" else "cuda-event") if cuda else "cpu-perf_counter"
         try:
             samples = time_us(lambda: fn(**inputs), device, iters, graph=timer == "graph")
-            row[timer] = {"median_us": statistics.median(samples), "n": len(samples)}
+            row[timer] = {"median_us": statistics.median(samples), "n": len(samples), "clock": clock}
         except Exception as exc:  # noqa: BLE001 - a call that cannot be captured: said, not fatal
             row[timer] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            torch.cuda.synchronize()
+            if cuda:
+                torch.cuda.synchronize()
     return row
 
 
@@ -190,7 +199,8 @@ def verdict(base_rows: list[dict], our_rows: list[dict], points: list[dict], dev
         overall = f"not judged: timed on {device} (Triton interpreted: the mechanics only)"
     return {"target": f"moe.layer decode >= {MIN_RATIO}x today's (the tree at {BASELINE[:7]}, before issue 13)",
             "timer": "CUDA events around each call after a 2x-L2 flush, median; graph replay where both trees' "
-                     "calls were captured, else eager",
+                     "calls were captured, else eager" if device.startswith("cuda") else
+                     "the host's wall clock around each call (perf_counter, no flush), median: the mechanics only",
             "points": judged, "verdict": overall}
 
 
@@ -206,12 +216,15 @@ def _rows(path: str) -> list[dict]:
 
 
 def run(out_json: str, baseline: str, budget_s: float, device: str, quick: bool, iters: int) -> dict:
-    """Both trees measured (ours first: its kernels are in the check's cache), then the verdict, into out_json."""
+    """Both trees measured (ours first: its kernels are in the check's cache), then the verdict, into out_json.
+    baseline: the pack, or the `site` folder it unpacks to (the GPU check's, whose kernels step 0 precompiled)."""
     end = time.monotonic() + budget_s
     work = Path(tempfile.mkdtemp(prefix="layer-baseline-"))
-    with tarfile.open(baseline) as tar:
-        tar.extractall(work, filter="data")
-    site = str((work / "site").resolve())
+    if not Path(baseline).is_dir():
+        with tarfile.open(baseline) as tar:
+            tar.extractall(work, filter="data")
+        baseline = str(work / "site")
+    site = str(Path(baseline).resolve())
     rows, status = {}, {}
     for who, where, share in (("ours", None, 0.4), ("baseline", site, 1.0)):
         path = str(work / f"{who}.jsonl")
@@ -220,9 +233,8 @@ def run(out_json: str, baseline: str, budget_s: float, device: str, quick: bool,
     trees = {who: {r["tree"] for r in rows[who]} for who in rows}
     if rows["baseline"] and trees["baseline"] != {site}:
         raise SystemExit(f"the baseline process imported {trees['baseline']}, not {site}")
-    points = [p for p in POINTS if not quick or p["format"] == "bf16"]
-    result = verdict(rows["baseline"], rows["ours"], points, device) | {"status": status, "baseline_commit": BASELINE,
-                                                                "rows": rows}
+    result = verdict(rows["baseline"], rows["ours"], points_for(quick), device) | {
+        "status": status, "baseline_commit": BASELINE, "rows": rows}
     Path(out_json).write_text(json.dumps(result, indent=1) + "\n")
     return result
 

@@ -117,9 +117,9 @@ save_runs gpu-targets gpu-correct gpu-profiles
 
 echo "== 4d. moe.layer decode against the code before issue 13 (both trees timed alike, each in its own process)"
 mkdir -p /tmp/gpu-layer-baseline
-if [ -f .baseline-pre13.tar.xz ]; then
+if [ -d "$BASELINE_SITE" ]; then  # unpacked before step 0, which precompiled its kernels
   timeout 30 python3 tests/gpu/layer_baseline.py run /tmp/gpu-layer-baseline/layer_baseline.json \
-    --baseline .baseline-pre13.tar.xz --budget 27 --device cuda
+    --baseline "$BASELINE_SITE" --budget 27 --device cuda
 else
   echo "skipped: no .baseline-pre13.tar.xz carried (python3 tests/gpu/layer_baseline.py pack, docs/gpu.md)"
 fi
