@@ -45,6 +45,7 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# the build imports setuptools from /tmp/site when .whl carries it (>= 77 reads the SPDX license; docs/gpu.md)
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
 # issue 13's "moe.layer decode >= 1.3x today's": the tree before issue 13, packed here by
 # `python3 tests/gpu/layer_baseline.py pack` with its packages laid out as installed (step 4d imports it first)

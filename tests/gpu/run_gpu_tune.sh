@@ -16,6 +16,7 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# the build imports setuptools from /tmp/site when .whl carries it (>= 77 reads the SPDX license; docs/gpu.md)
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
 spark-bench env --json > "$OUT/fingerprint.json"
 # The tune's points (~10 cases; the full preset would not fit the budget): the preset's decode and a 4k prefill of
