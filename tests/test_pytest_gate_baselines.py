@@ -58,6 +58,11 @@ def test_a_missing_baseline_stops_the_gate_before_it_runs(pytester, fresh_regist
     for where in ("0007", "nope.json", str(pytester.path / "no" / "such" / "base.json")):
         _one_line_usage_error(pytester.runpytest(*GOOD, f"--benchmark-compare={where}", *GATE),
                               "spark-bench: --benchmark-compare")
+    # a path (a .json, or three parts and more: not a run id or a storage-relative name) that is not a file is an
+    # error even without a gate; pytest-benchmark alone would match nothing
+    for where in ("nope.json", "no/such/base"):
+        _one_line_usage_error(pytester.runpytest(*GOOD, f"--benchmark-compare={where}"),
+                              f"spark-bench: --benchmark-compare {where}: no such baseline file")
 
 
 def test_a_malformed_baseline_is_one_line(pytester, baseline):
@@ -123,6 +128,11 @@ def test_a_case_timed_in_the_baseline_and_skipped_now_fails_the_gate(pytester, b
     assert "1 case(s) timed in the baseline were skipped in this run" in result.stdout.str()
     assert "fault.scale[unavailable-fp32-R3-C5]: unavailable is unavailable on cpu" in result.stdout.str()
     assert pytester.runpytest(*both).ret == 0  # no gate: a look only
+    # a case skipped now that the baseline never timed is no loss: the gate judges the one it holds and passes
+    new_only = pytester.runpytest(*GOOD, "--spark-backend", "unavailable",
+                                  f"--benchmark-compare={_damaged(pytester, baseline, 'base_only.json')}", *GATE)
+    new_only.assert_outcomes(passed=1, skipped=1)
+    assert new_only.ret == 0, new_only.stdout.str()
 
 
 def test_a_gate_with_benchmarks_disabled_fails(pytester, baseline):

@@ -34,17 +34,22 @@ def _stats(samples_s):
             "data": list(samples_s)}
 
 
-def _verdict(base_s, new_s, base_timer="cuda-event", new_timer="cuda-event", keep_data=True):
-    """(pytest-benchmark's own median:10% check, the plugin's) on these samples (seconds)."""
+def _verdict(base_s, new_s, base_timer="cuda-event", new_timer="cuda-event", keep_data=True, flush=("2x-L2",) * 2,
+             base_median=True):
+    """(pytest-benchmark's own median:10% check, the plugin's) on these samples (seconds); `flush`: the two sides'
+    l2_flush; `base_median=False`: a baseline entry without a median (a hand-edited or foreign saved run)."""
     base_stats = _stats(base_s) if keep_data else {k: v for k, v in _stats(base_s).items() if k != "data"}
+    if not base_median:
+        base_stats["median"] = None
     lo, hi = sorted(base_s)[len(base_s) // 4], sorted(base_s)[-len(base_s) // 4]
-    base = {"stats": base_stats, "extra_info": {"timer": base_timer, "ci_low": lo * 1e6, "ci_high": hi * 1e6}}
+    base = {"stats": base_stats, "extra_info": {"timer": base_timer, "ci_low": lo * 1e6, "ci_high": hi * 1e6,
+                                                "l2_flush": flush[0]}}
     config = SimpleNamespace(_benchmarksession=SimpleNamespace(compared_mapping={"base.json": {NAME: base}}))
     new = sorted(new_s)
     current = _Bench(name=NAME.split("::")[1], fullname=NAME, options={"timer": ReplayTimer()},
                      stats=SimpleNamespace(**_stats(new_s)),
                      extra_info={"timer": new_timer, "ci_low": new[len(new) // 4] * 1e6,
-                                 "ci_high": new[-len(new) // 4] * 1e6})
+                                 "ci_high": new[-len(new) // 4] * 1e6, "l2_flush": flush[1]})
     compared = {"path": "base.json", "source": "base", **base_stats}
     naive = PercentageRegressionCheck("median", 10)
     return naive.fails(current, compared), SparkCheck(naive, config).judge(current, compared)[1]
@@ -65,9 +70,18 @@ def test_noise_is_not_a_regression_but_a_real_slowdown_is():
 
     _, changed = _verdict(steady, [2 * s for s in steady], new_timer="cuda-graph")
     assert "timer cuda-event -> cuda-graph" in changed and "not timed alike" in changed
+    _, flushed = _verdict(steady, [2 * s for s in steady], flush=("2x-L2", "none"))  # a slowdown timed unlike
+    assert "l2_flush 2x-L2 -> none" in flushed and "not timed alike" in flushed
+    assert "l2_flush" not in _verdict(steady, [2 * s for s in steady])[1]
     _, no_data = _verdict(steady, [2 * s for s in steady], keep_data=False)  # --benchmark-save without its data
     assert no_data and "stored CIs compared" in no_data
     assert _verdict(steady, steady)[1] is None
+
+
+def test_a_baseline_entry_without_the_field_fails_the_gate_instead_of_passing():
+    steady = [(10 + 0.01 * i) * 1e-6 for i in range(6)]
+    _, failure = _verdict(steady, steady, base_median=False)
+    assert failure == "the baseline has no number for 'median': nothing to compare"
 
 
 def test_plain_benchmarks_keep_pytest_benchmarks_check():
