@@ -58,7 +58,7 @@ def _value(axis: str, value: Any, label: str) -> int | float:
         if number and math.isfinite(value) and value > 0:
             return float(value)
         raise WeightError(f"{label} is {value!r}: expected a positive number (the routed scaling factor)")
-    if number and value == int(value) and value >= 1:
+    if number and math.isfinite(value) and value == int(value) and value >= 1:  # int(nan or inf) raises
         return int(value)
     raise WeightError(f"{label} is {value!r}: expected a positive integer ({axis})")
 
