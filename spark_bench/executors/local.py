@@ -239,9 +239,10 @@ class LocalExecutor(Executor):
         work = CaseQueue(cases, self.retries, ctx.energy, ctx.deadline)
         work.working = len(slots)
         events: queue.Queue = queue.Queue()
-        early, self.early = (self.early if self.early_device == ctx.device else {}), {}
-        runners = [WorkerSlot(slot, ctx, log_dir, early.pop(slot.label, None)) for slot in slots]
-        for worker in early.values():  # not this run's (another device or slot)
+        early, self.early = self.early, {}
+        adopt = self.early_device == ctx.device
+        runners = [WorkerSlot(slot, ctx, log_dir, early.pop(slot.label, None) if adopt else None) for slot in slots]
+        for worker in early.values():  # not this run's (another device or slot): killed, not left idle
             worker.kill()
 
         def drive(runner: WorkerSlot) -> None:
