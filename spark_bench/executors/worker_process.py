@@ -207,10 +207,11 @@ class Worker:
         self._kill_group()
         self._close()
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Ask the worker to leave; kill it (and its process group) if it has not left within grace_s."""
         try:
             self.conn.send(("stop",))
         except (OSError, ValueError):
             pass
-        self.process.join(timeout=10)
+        self.process.join(timeout=grace_s)
         self.kill()  # if it is still alive; and what its backends started must not outlive the sweep
