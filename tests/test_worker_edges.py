@@ -3,7 +3,7 @@
 rotated input sets' references per parameter point, and the worker-start timeout variables."""
 
 import pytest
-from conftest import TESTS
+import test_hostile_backends
 
 from spark_bench import Axis, Cost, Op, Tolerance
 from spark_bench.inputs import generator, randn
@@ -12,6 +12,7 @@ from spark_bench.sweep import Case, UsageError
 from spark_bench.timing import TimingConfig
 from spark_bench.worker import CaseRunner, classify
 
+hostile_registry = test_hostile_backends.hostile_registry  # the shared fixture
 FAST = TimingConfig(warmup_s=0.0, min_samples=2, max_samples=2, min_time_s=0.0, max_time_s=0.0, target_rel_ci=0.5)
 
 
@@ -116,16 +117,6 @@ def test_each_parameter_point_runs_on_its_own_inputs(runner):
     for rows in (3, 6):
         assert runner.run(_case("shape_spy", rows=rows), FAST, n_sets=1)["status"] == "ok"
     assert set(SHAPES) == {(3, 4), (6, 4)} and SHAPES[0] == (3, 4) and SHAPES[-1] == (6, 4)
-
-
-@pytest.fixture
-def hostile_registry(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS / "plugins"))
-    import hostile_plugin
-
-    reg = Registry()
-    reg.load_object("hostile_plugin", hostile_plugin)
-    return reg
 
 
 def test_rotated_sets_are_checked_against_their_own_points_reference(hostile_registry):
