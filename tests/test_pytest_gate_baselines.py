@@ -129,8 +129,13 @@ def test_a_case_timed_in_the_baseline_and_skipped_now_fails_the_gate(pytester, b
     assert "fault.scale[unavailable-fp32-R3-C5]: unavailable is unavailable on cpu" in result.stdout.str()
     assert pytester.runpytest(*both).ret == 0  # no gate: a look only
     # a case skipped now that the baseline never timed is no loss: the gate judges the one it holds and passes
+    # (against a baseline 1000x slower, so that this machine's load cannot make the case a regression)
+    slow = json.loads(json.dumps(baseline))
+    stats, info = slow["benchmarks"][0]["stats"], slow["benchmarks"][0]["extra_info"]
+    stats.update({k: 1000 * stats[k] for k in ("median", "mean", "min")}, data=[1000 * t for t in stats["data"]])
+    info.update(ci_low=1000 * info["ci_low"], ci_high=1000 * info["ci_high"])
     new_only = pytester.runpytest(*GOOD, "--spark-backend", "unavailable",
-                                  f"--benchmark-compare={_damaged(pytester, baseline, 'base_only.json')}", *GATE)
+                                  f"--benchmark-compare={_damaged(pytester, slow, 'base_only.json')}", *GATE)
     new_only.assert_outcomes(passed=1, skipped=1)
     assert new_only.ret == 0, new_only.stdout.str()
 
