@@ -92,6 +92,10 @@ def tune(ops, backends, preset, sets, dtypes, device, quick, full, seed, budget,
         refuse_sweep_options_with_resume(click.get_current_context(), resume, allowed=("out",))
         if run_dir is not None:  # the directory resumed is the tune's; another one would be silently ignored
             raise UsageError(f"--resume {resume} goes on in that directory; drop --run-dir {run_dir}")
+        planning = [f"{opt} {value}" for opt, value in (("--target", target), ("--jobs", jobs)) if value is not None]
+        if planning:  # they shape the offline pruning, which the resumed tune did before it was stopped
+            raise UsageError(f"--resume {resume} keeps the plan its first run pruned offline; drop "
+                             f"{', '.join(planning)}")
         session = TuneSession.resume(resume, out)
         if budget is not None:  # a resumed tune may be given more (or less) time
             session.tune["budget_s"] = budget

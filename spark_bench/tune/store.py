@@ -224,6 +224,8 @@ def _entry_problem(entry: Any) -> str | None:
         return problem
     if not is_number(entry.get("speedup")):
         return "\"speedup\" must be a finite number"
+    if entry.get("noise") is not None and not is_number(entry["noise"]):
+        return "\"noise\" must be null or a finite number"
     close = entry.get("within_noise")
     if close is not None and not (isinstance(close, dict) and is_number(close.get("speedup"))
                                   and "noise" in close
