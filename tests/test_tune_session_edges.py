@@ -4,6 +4,7 @@ by a mutation audit of the tuner."""
 
 import contextlib
 import json
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -165,3 +166,17 @@ def test_zero_compile_jobs_are_one_line_before_any_planning(tmp_path, monkeypatc
     code, err, seen = _tune(tmp_path, monkeypatch, "--jobs", "0", "--run-dir", tmp_path / "tune")
     assert code == 2 and err.strip().count("\n") == 0 and "--jobs must be 1 or more, not 0" in err, err
     assert seen == {} and not (tmp_path / "tune").exists()
+
+
+def test_a_planning_capture_that_fails_is_one_line(tmp_path, monkeypatch):
+    """The capture process dying (here: exit 1 with a traceback on stderr) ended `tune` in a RuntimeError traceback."""
+    def dies(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, 1, "", "Traceback (most recent call last):\nImportError: no triton")
+
+    monkeypatch.setattr("spark_bench.kernelgate.capture.subprocess.run", dies)
+    monkeypatch.setattr("spark_bench.results.RunStore.lock", lambda self: None)
+    code, _, err = run_cli("tune", "--op", "kda.gate", "--device", "cpu", "--executor", "inprocess", "--quick",
+                           "--out", tmp_path / "t.json", "--run-dir", tmp_path / "tune")
+    assert code == 2 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == ("spark-bench: error: launch capture failed (exit 1): ImportError: no "
+                                            "triton"), err

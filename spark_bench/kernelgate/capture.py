@@ -68,6 +68,10 @@ class Spec:
         return cls(**d)
 
 
+class CaptureFailed(RuntimeError):
+    """The capture process itself failed (not one case): its exit code and last line, or its timeout."""
+
+
 @dataclasses.dataclass
 class CaptureError:
     op: str
@@ -253,14 +257,17 @@ def _one_line(exc: BaseException) -> str:
 
 def run_capture(request: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
     """Capture in a fresh process with TRITON_INTERPRET unset (see `main` for the request); returns {"specs",
-    "errors", "cases"} or raises RuntimeError with the child's last line."""
+    "errors", "cases"} or raises CaptureFailed with the child's last line (or its timeout)."""
     env = {**os.environ, "TRITON_INTERPRET": "0",
            "TRITON_DEFAULT_FP_FUSION": os.environ.get("TRITON_DEFAULT_FP_FUSION", "1")}
-    proc = subprocess.run([sys.executable, "-m", "spark_bench.kernelgate.capture"], input=json.dumps(request),
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "spark_bench.kernelgate.capture"], input=json.dumps(request),
+                              capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise CaptureFailed(f"launch capture did not finish within {timeout:g} s") from None
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"launch capture failed (exit {proc.returncode}): {tail}")
+        raise CaptureFailed(f"launch capture failed (exit {proc.returncode}): {tail}")
     data = json.loads(proc.stdout.strip().splitlines()[-1])
     data["specs"] = [Spec.from_dict(s) for s in data["specs"]]
     return data

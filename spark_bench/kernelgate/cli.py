@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from spark_bench.kernelgate import gate
-from spark_bench.kernelgate.capture import DEFAULT_BACKENDS
+from spark_bench.kernelgate.capture import DEFAULT_BACKENDS, CaptureFailed
 from spark_bench.kernelgate.offline import compile_all, default_cache_dir
 from spark_bench.kernelgate.targets import REQUIRED, TARGETS, parse_targets
 from spark_bench.options import OutputPath
@@ -176,6 +176,8 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
         for e in errors[:20]:
             out.print(f"[yellow]capture failed[/] {escape(e['op'])} {escape(e['backend'])} {e['dtype']} "
                       f"{escape(json.dumps(e['params']))}: {escape(e['message'])}")
+        if len(errors) > 20:
+            out.print(f"[yellow]capture failed[/] for {len(errors) - 20} more cases (--json lists every one)")
         out.print(line)
         for r in candidate_rows:
             if r["status"] != "ok":
@@ -198,6 +200,10 @@ def _candidates(specs, target: str, jobs, cache_dir, err) -> list[dict]:
     """Every declared candidate of each captured (kernel, key), compiled for `target` (spark_bench/tune/plan.py)."""
     from spark_bench.tune import plan as planning
 
-    the_plan = planning.build(gate.launched_cases(specs), target, jobs=jobs, cache_dir=cache_dir, one_per_key=True,
-                              say=lambda line: err.write(line.replace("tune: ", f"{target}: ") + "\n"))
+    try:
+        the_plan = planning.build(gate.launched_cases(specs), target, jobs=jobs, cache_dir=cache_dir,
+                                  one_per_key=True,
+                                  say=lambda line: err.write(line.replace("tune: ", f"{target}: ") + "\n"))
+    except CaptureFailed as exc:
+        raise UsageError(str(exc)) from None
     return gate.candidate_rows(the_plan, target)

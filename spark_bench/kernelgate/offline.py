@@ -171,7 +171,10 @@ def compile_one(spec: dict[str, Any], target_name: str) -> dict[str, Any]:
     if result.shared > target.smem_per_block:
         result.verdict = "launch-resources"
         result.error = f"out of resource: shared memory, required {result.shared} B, limit {target.smem_per_block} B"
-    elif threads > target.max_threads_per_block or result.ctas_per_sm == 0:
+    elif threads > target.max_threads_per_block:
+        result.verdict = "launch-resources"
+        result.error = f"{threads} threads per block exceed the limit of {target.max_threads_per_block}"
+    elif result.ctas_per_sm == 0:
         result.verdict = "launch-resources"
         result.error = f"{result.regs} registers x {threads} threads exceed the SM's {target.regs_per_sm}"
     elif result.spill_stores or result.spill_loads:
