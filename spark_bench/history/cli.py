@@ -145,7 +145,7 @@ def list_cmd(db: Path, show_runs: bool, fingerprint: str | None, branch: str | N
         return
     out = console()
     if show_runs or fingerprint:
-        table = Table(title=f"{len(rows)} runs in {db}")
+        table = Table(title=f"{len(rows)} runs in {escape(str(db))}")
         for col in ("run", "device", "branch", "commit", "run at", "cases", "failed"):
             table.add_column(col)
         for r in rows:
@@ -153,12 +153,12 @@ def list_cmd(db: Path, show_runs: bool, fingerprint: str | None, branch: str | N
                           escape(_commit(r["commit"], r["dirty"])), escape(r["created"] or "?"),
                           str(r["cases"]), str(r["failed"]))
     else:
-        table = Table(title=f"history {db}")
+        table = Table(title=f"history {escape(str(db))}")
         for col in ("fingerprint", "device", "branch", "runs", "first", "last", "latest commit"):
             table.add_column(col)
         for r in rows:
-            table.add_row(r["fingerprint_id"], escape(str(r["device"])), escape(r["branch"] or "-"), str(r["runs"]),
-                          escape(r["first"] or "?"), escape(r["last"] or "?"),
+            table.add_row(escape(r["fingerprint_id"]), escape(str(r["device"])), escape(r["branch"] or "-"),
+                          str(r["runs"]), escape(r["first"] or "?"), escape(r["last"] or "?"),
                           escape(_commit(r["latest_commit"], False)))
     out.print(table)
 
@@ -241,8 +241,8 @@ def trend_cmd(ops, backends, sets, dtypes, db, fingerprint, branch, threshold, l
         out.print(f"{escape(cases[0].label)}: no stored results")
     for s in series:
         steps = {st.index: st for st in s.steps}
-        table = Table(title=f"{escape(s.case.label)} on {escape(s.device)} ({s.fingerprint_id}): {len(s.points)} "
-                            f"points, " + (f"noise ±{s.sigma * 100:.2f}%" if s.sigma is not None else
+        table = Table(title=f"{escape(s.case.label)} on {escape(s.device)} ({escape(s.fingerprint_id)}): "
+                            f"{len(s.points)} points, " + (f"noise ±{s.sigma * 100:.2f}%" if s.sigma is not None else
                                            "too few timed points to estimate noise or find steps (3 needed)"))
         for col in ("#", "commit", "when", "runs", "status", f"median {s.unit}", "95% CI", "n", "timer", "step"):
             table.add_column(col, justify="right" if col in ("#", "n") or col.startswith("median") else "left")

@@ -47,18 +47,16 @@ def commit_times(repo: Path | None, commits: Iterable[str]) -> dict[str, str]:
         f"{c}^{{commit}}" for c in wanted) + "\n")
     if check is None:
         return {}
-    known = [c for c, line in zip(wanted, check.splitlines(), strict=False) if line.endswith(" commit")]
-    out: dict[str, str] = {}
-    for i in range(0, len(known), 500):  # one git call per 500 commits
-        chunk = known[i:i + 500]
-        text = _git(repo, "show", "-s", "--format=%H %cI", *chunk)
-        if text is None:
-            continue
-        for given, line in zip(chunk, text.splitlines(), strict=False):
+    full = {c: line.split()[0] for c, line in zip(wanted, check.splitlines(), strict=False) if line.endswith(" commit")}
+    shas = sorted(set(full.values()))  # `git show` prints a commit once however often (and however spelled) named
+    times: dict[str, str] = {}
+    for i in range(0, len(shas), 500):  # one git call per 500 commits
+        text = _git(repo, "show", "-s", "--format=%H %cI", *shas[i:i + 500])
+        for line in (text or "").splitlines():
             sha, _, when = line.partition(" ")
-            if sha.startswith(given) and utc(when):
-                out[given] = utc(when)  # type: ignore[assignment]
-    return out
+            if utc(when):
+                times[sha] = utc(when)  # type: ignore[assignment]
+    return {given: times[sha] for given, sha in full.items() if sha in times}
 
 
 def branch_of(repo: Path | None, commits: Iterable[str]) -> dict[str, str]:

@@ -140,8 +140,14 @@ def select_cases(con: sqlite3.Connection, ops: Sequence[str] = (), backends: Seq
             continue
         out.append(CaseKey(cid, op, backend, dtype, json.loads(params)))
     out = select_by_sets(out, sets, key=lambda c: (c.op, c.params), where="the history")
-    return sorted(out, key=lambda c: (c.op, c.backend, c.dtype, sorted((k, (isinstance(v, str), v if not isinstance(
-        v, str) else 0, str(v))) for k, v in c.params.items())))
+    return sorted(out, key=lambda c: (c.op, c.backend, c.dtype, sorted((k, _value_order(v))
+                                                                      for k, v in c.params.items())))
+
+
+def _value_order(value: Any) -> tuple[bool, float, str]:
+    """Numbers in numeric order, then any other value (text, None, a list) by its text: never compared unlike."""
+    number = isinstance(value, (int, float))
+    return not number, value if number else 0, str(value)
 
 
 SERIES_COLUMNS = ("case_ref", "fingerprint_id", "device", "run_id", "commit", "dirty", "commit_time", "created",
