@@ -38,13 +38,13 @@ def point_id(params: dict[str, Any], verbose: bool = False) -> str:
 def case_names(cases: list[Any]) -> list[str]:
     """`op[backend-dtype-point]` per case; an op whose compact ids collide gets `axis=value` ids."""
     verbose_ops = set()
-    for verbose in (False, True):
-        names = [f"{c.op}[{c.backend}-{c.dtype}-{point_id(c.params, verbose or c.op in verbose_ops)}]" for c in cases]
+    for second_pass in (False, True):  # the second names the colliding ops' cases verbosely, and only theirs
+        names = [f"{c.op}[{c.backend}-{c.dtype}-{point_id(c.params, c.op in verbose_ops)}]" for c in cases]
         seen: dict[str, Any] = {}
         for case, name in zip(cases, names, strict=True):
             if seen.setdefault(name, case) is not case:
                 verbose_ops.add(case.op)
-        if not verbose_ops or verbose:
+        if not verbose_ops or second_pass:
             return names
     return names
 
@@ -68,11 +68,13 @@ def sweep_cases(state: Any) -> list[Any]:
                           device=state.device, quick=opt("spark_quick"), full=opt("spark_full"), seed=opt("spark_seed"),
                           weights=make_spec(opt("spark_weights"), opt("spark_layer"), opt("spark_routing"),
                                             opt("spark_activations")))
-        cases = build_cases(state.registry(), spec)
+        notes: list[str] = []  # why the user's values excluded points, as `spark-bench run` says
+        cases = build_cases(state.registry(), spec, notes)
     except UsageError as exc:
         raise usage_error(exc) from None
     if not cases:
-        raise pytest.UsageError("spark-bench: the selection has no cases (no backend or parameter point matches)")
+        raise usage_error("the selection has no cases (no backend or parameter point matches)"
+                          + "".join(f"; {note}" for note in notes))
     return cases
 
 
