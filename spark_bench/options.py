@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from spark_bench.executors.worker_process import WorkersCannotStart
+from spark_bench.kernelgate.capture import CaptureFailed
 from spark_bench.results import ResultsError
 from spark_bench.sweep import SweepSpec, UsageError, dtype_list, merge_sets
 
@@ -47,8 +48,9 @@ def fail_usage(message: str) -> None:
 
 
 class SparkGroup(click.Group):
-    """Turns click's usage errors and our UsageError / ResultsError into one line on stderr and exit code 2 (the
-    `spark-bench` group, and a subgroup run on its own, e.g. `python -m spark_bench.history`)."""
+    """Turns click's usage errors and our UsageError / ResultsError / CaptureFailed (the offline gate's capture process
+    died or hung, in `kernels` or `tune`) into one line on stderr and exit code 2 (the `spark-bench` group, and a
+    subgroup run on its own, e.g. `python -m spark_bench.history`)."""
 
     def main(self, *args, **kwargs):  # type: ignore[override]
         try:
@@ -59,7 +61,7 @@ class SparkGroup(click.Group):
         except click.UsageError as exc:
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
             fail_usage(f"{exc.format_message()}{hint}")
-        except (UsageError, ResultsError) as exc:
+        except (UsageError, ResultsError, CaptureFailed) as exc:
             fail_usage(str(exc))
         except WorkersCannotStart as exc:  # the environment, not the input: one line, exit 1
             click.echo(f"spark-bench: error: {exc}", err=True)

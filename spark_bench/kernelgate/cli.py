@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from spark_bench.kernelgate import gate
-from spark_bench.kernelgate.capture import DEFAULT_BACKENDS, CaptureFailed
+from spark_bench.kernelgate.capture import DEFAULT_BACKENDS
 from spark_bench.kernelgate.offline import compile_all, default_cache_dir
 from spark_bench.kernelgate.targets import REQUIRED, TARGETS, parse_targets
 from spark_bench.options import OutputPath
@@ -139,11 +139,8 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
     chosen, results, errors, cases, sweeps, candidate_rows = [], [], [], 0, [], []
     for target in targets:  # each target captured on its own: grids and split factors follow its SM count
         err.write(f"{target.name}: capturing launches: {len(matched)} ops, {len(presets)} sweeps ...\n")
-        try:
-            captured = gate.capture_sweeps(list(ops), list(backends) or list(DEFAULT_BACKENDS), presets, overrides,
-                                           dtypes, quick, target.name)
-        except RuntimeError as exc:
-            raise UsageError(str(exc)) from None
+        captured = gate.capture_sweeps(list(ops), list(backends) or list(DEFAULT_BACKENDS), presets, overrides,
+                                       dtypes, quick, target.name)  # CaptureFailed: one line (options.SparkGroup)
         mine = gate.select(captured.specs, selection)
         err.write(f"{target.name}: {captured.cases} cases launch {len(captured.specs)} specialisations of "
                   f"{len({s.kernel for s in captured.specs})} kernels; compiling {len(mine)} ({selection}) ...\n")
@@ -200,10 +197,6 @@ def _candidates(specs, target: str, jobs, cache_dir, err) -> list[dict]:
     """Every declared candidate of each captured (kernel, key), compiled for `target` (spark_bench/tune/plan.py)."""
     from spark_bench.tune import plan as planning
 
-    try:
-        the_plan = planning.build(gate.launched_cases(specs), target, jobs=jobs, cache_dir=cache_dir,
-                                  one_per_key=True,
-                                  say=lambda line: err.write(line.replace("tune: ", f"{target}: ") + "\n"))
-    except CaptureFailed as exc:
-        raise UsageError(str(exc)) from None
+    the_plan = planning.build(gate.launched_cases(specs), target, jobs=jobs, cache_dir=cache_dir, one_per_key=True,
+                              say=lambda line: err.write(line.replace("tune: ", f"{target}: ") + "\n"))
     return gate.candidate_rows(the_plan, target)

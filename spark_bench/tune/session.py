@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from spark_bench import results
-from spark_bench.kernelgate.capture import CaptureFailed
 from spark_bench.sweep import Case, SweepSpec, UsageError
 from spark_bench.timing import TimingConfig
 from spark_bench.tune import plan as planning
@@ -61,10 +60,7 @@ class TuneSession:
         say(f"tune: {note}")
         # a compile stuck in Triton's passes must not eat the budget: what has not compiled by then is timed unjudged
         deadline = max(30.0, budget_s / 3) if budget_s else PRUNE_DEADLINE_S
-        try:
-            the_plan = planning.build(base, target, jobs=jobs, say=say, deadline_s=deadline)
-        except CaptureFailed as exc:  # the planning's capture process died or hung: one line, nothing to resume
-            raise UsageError(str(exc)) from None
+        the_plan = planning.build(base, target, jobs=jobs, say=say, deadline_s=deadline)
         for line in planning.summary_lines(the_plan):
             say(line)
         planning_s = round(time.monotonic() - t0, 3)
