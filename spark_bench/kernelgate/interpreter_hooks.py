@@ -23,19 +23,21 @@ def itemsize(handle) -> int:
 
 def access_hooks(on_access: AccessHook) -> dict[str, Callable]:
     """Replacements for the interpreter builder's memory operations that call `on_access` first (a plain load or
-    store goes through the masked one; an atomic load or store too)."""
+    store goes through the masked one; an atomic load or store too). The arguments after the mask differ between
+    Triton releases (3.9: cache_policy, is_volatile; 3.6: cache_modifier, eviction_policy, is_volatile) and are passed
+    through as given."""
     from triton.runtime.interpreter import InterpreterBuilder as builder
 
     load, store = builder.create_masked_load, builder.create_masked_store
     rmw, cas = builder.create_atomic_rmw, builder.create_atomic_cas
 
-    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+    def masked_load(self, ptrs, mask, *rest):
         on_access("load", ptrs, mask.data, itemsize(ptrs))
-        return load(self, ptrs, mask, other, cache_policy, is_volatile)
+        return load(self, ptrs, mask, *rest)
 
-    def masked_store(self, ptrs, value, mask, cache_policy):
+    def masked_store(self, ptrs, value, mask, *rest):
         on_access("store", ptrs, mask.data, itemsize(ptrs))
-        return store(self, ptrs, value, mask, cache_policy)
+        return store(self, ptrs, value, mask, *rest)
 
     def atomic_rmw(self, op, ptr, val, mask, sem, scope):
         on_access("atomic", ptr, mask.data, itemsize(ptr))
