@@ -70,6 +70,7 @@ REQUIRED = ("case_id", "op", "backend", "params", "dtype", "device", "status")
 RUN_FIELDS: dict[str, tuple[type, ...]] = {
     "run_id": (str,), "created": (str, _NONE), "finished": (str, _NONE), "fingerprint": (dict,),
     "command": (list, _NONE), "spec": (dict, _NONE), "roofline": (dict, _NONE), "summary": (dict, _NONE),
+    "stopped_by_budget": (dict, _NONE),  # only after `run --budget` left cases: {budget_s, cases_left}
 }
 _JSON_NAMES = {str: "a string", dict: "an object", list: "a list", int: "a number", float: "a number",
                bool: "true/false", _NONE: "null"}
@@ -94,7 +95,18 @@ RUN_NESTED: dict[str, tuple[type, ...]] = {
     **{f"fingerprint.{k}": _OBJ for k in ("cpu", "versions", "git", "weights", "power")},
     "fingerprint.fingerprint_id": _STR, "fingerprint.power.limit_w": _NUM,
     "fingerprint.weights.size_bytes": _NUM, "fingerprint.weights.routing": _OBJ,
-    "roofline.measured": _OBJ, "roofline.datasheet": _OBJ,
+    "roofline.measured": _OBJ, "roofline.datasheet": _OBJ, "stopped_by_budget.cases_left": _NUM,
+}
+
+# run.json's `spec`, as `run --resume`, `run --like` and `tune --resume` read it (stored_run.stored_sweep); a field
+# absent takes SweepSpec's default
+SPEC_NESTED: dict[str, tuple[type, ...]] = {
+    **{k: (list,) for k in ("ops", "backends", "dtypes")}, **{f"{k}[]": (str,) for k in ("ops", "backends", "dtypes")},
+    "preset": _STR, "overrides": (dict,), "overrides.*": (list,), "overrides.*[]": (str,), "device": (str,),
+    "quick": (bool,), "seed": (int,), "weights": _OBJ, "tuned": _OBJ, "timers": (dict,), "timers.*": (str,),
+    "timing": (dict,), "timeout_s": _NUMBER, "timing.flush": (bool,), "timing.mode": (str,),
+    **{f"timing.{k}": _NUMBER for k in ("warmup_s", "min_time_s", "max_time_s", "target_rel_ci", "graph_target_us")},
+    "timing.min_samples": (int,), "timing.max_samples": (int,), "timing.graph_calls": (int, _NONE),
 }
 
 
@@ -145,6 +157,19 @@ def _read_text(path: Path) -> str:
         raise ResultsError(f"{path}: not UTF-8 text (undecodable byte at offset {exc.start})") from None
     except OSError as exc:
         raise ResultsError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def loads_json(text: str) -> Any:
+    """json.loads of a stored file's text; ValueError (its message one line) for anything it cannot take: malformed
+    JSON (json.JSONDecodeError), an integer of more digits than Python converts, or a string with an unpaired
+    surrogate escape (`"\\ud800"`: JSON's syntax, but no text: printing or storing it fails)."""
+    obj = json.loads(text)
+    if "\\u" in text:
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a string holds an unpaired surrogate escape (\\ud800-\\udfff)") from None
+    return obj
 
 
 def is_number(x: Any) -> bool:
@@ -270,9 +295,11 @@ class RunStore:
         if not self.run_file.is_file():
             raise ResultsError(f"{self.path} is not a spark-bench run directory (no {RUN_FILE})")
         try:
-            run = json.loads(_read_text(self.run_file))
+            run = loads_json(_read_text(self.run_file))
         except json.JSONDecodeError as exc:
             raise ResultsError(f"{self.run_file}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        except ValueError as exc:
+            raise ResultsError(f"{self.run_file}: not valid JSON ({exc})") from None
         if not isinstance(run, dict) or run.get("schema") != RUN_SCHEMA:
             raise ResultsError(f"{self.run_file}: not a spark-bench run file")
         if run.get("schema_version") != SCHEMA_VERSION:
@@ -327,11 +354,13 @@ class RunStore:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = loads_json(line)
             except json.JSONDecodeError:
                 if number == len(lines):  # a partial last line of a killed run
                     continue
                 raise ResultsError(f"{self.results_file}:{number}: malformed line") from None
+            except ValueError as exc:
+                raise ResultsError(f"{self.results_file}:{number}: malformed line ({exc})") from None
             if isinstance(rec, dict) and rec.get("schema_version") == SCHEMA_VERSION and "amends" in rec:
                 self._apply_amendment(records, rec, number)
                 continue

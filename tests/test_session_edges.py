@@ -8,7 +8,8 @@ import pytest
 from test_journal_edges import Scripted, _case
 
 from spark_bench import results
-from spark_bench.session import Session, check_same_device
+from spark_bench.session import Session
+from spark_bench.stored_run import check_same_device
 from spark_bench.sweep import SweepSpec
 from spark_bench.timing import TimingConfig
 
@@ -86,7 +87,7 @@ def test_a_resume_refuses_any_weight_file_that_changed(tmp_path, monkeypatch, pa
     """The layer, the routing trace and the captured activations are each hashed in run.json: any of them changed
     since the run started would mix two weight sets in one run."""
     import spark_bench.weights
-    from spark_bench.session import check_weights_unchanged
+    from spark_bench.stored_run import check_weights_unchanged
 
     stored = {"path": "layer.gguf", "sha256": "L", "routing": {"path": "trace.npy", "sha256": "R"},
               "activations": {"path": "x.npy", "sha256": "A"}}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +38,7 @@ def stored_durations(root: Path, newest: int = NEWEST_RUNS) -> dict[Any, list[fl
     found: dict[Any, list[float]] = collections.defaultdict(list)
     for path in _newest(Path(root).glob("*/results.jsonl"), newest):
         try:
-            lines = path.read_text().splitlines()
+            lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()  # a damaged byte: that line
         except OSError:
             continue
         for line in lines:
@@ -46,14 +47,17 @@ def stored_durations(root: Path, newest: int = NEWEST_RUNS) -> dict[Any, list[fl
                 seconds = float(rec["duration_s"])
                 keys = (rec["case_id"], (rec["op"], rec["backend"], str(rec["device"]).partition(":")[0]),
                         (rec["op"], rec["backend"]))
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue  # a torn line, a failure without duration, a foreign file
+                hash(keys)  # an op or case id that is a list or an object (a foreign or damaged file)
+            except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+                continue  # a torn line, a failure without duration, a foreign file, a number beyond a float
+            if not math.isfinite(seconds) or seconds < 0:
+                continue
             if rec.get("status") != "skipped":
                 for key in keys:
                     found[key].append(seconds)
                 nbytes = (rec.get("cost") or {}).get("bytes") if isinstance(rec.get("cost"), dict) else None
-                if isinstance(nbytes, (int, float)) and nbytes > 0:  # for scaling an interpreted case by its work
-                    found[("bytes", *keys[1])].append((float(nbytes), seconds))
+                if isinstance(nbytes, (int, float)) and 0 < nbytes < 1e300:  # for scaling an interpreted case by
+                    found[("bytes", *keys[1])].append((float(nbytes), seconds))  # its work
     return found
 
 

@@ -8,6 +8,7 @@ import functools
 import json
 import sqlite3
 import sys
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -65,14 +66,20 @@ def _threshold(text: str) -> float:
 
 
 def one_line_errors(f: Callable[..., Any]) -> Callable[..., Any]:
-    """SQLite failures (a corrupt page, a lock held past the busy timeout) become a one-line HistoryError."""
+    """SQLite failures (a corrupt page, a lock held past the busy timeout) and stored values a damaged file no longer
+    decodes (text that is not UTF-8, a compressed run or JSON that does not decompress or parse) become a one-line
+    HistoryError naming the database."""
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        db = kwargs.get("db") or "history database"
         try:
             return f(*args, **kwargs)
         except sqlite3.Error as exc:
-            raise HistoryError(f"history database: {' '.join(str(exc).split())}") from None
+            raise HistoryError(f"{db}: {' '.join(str(exc).split())}") from None
+        except (zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise HistoryError(f"{db}: damaged history database (a stored value does not decode: "
+                               f"{' '.join(str(exc).split())[:200]})") from None
 
     return wrapper
 

@@ -158,8 +158,8 @@ def connect(path: Path | str, create: bool = False) -> sqlite3.Connection:
     except sqlite3.OperationalError as exc:  # locked past the busy timeout, disk full, read-only file...
         con.close()
         raise HistoryError(f"{path}: {' '.join(str(exc).split())}") from None
-    except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
-        con.close()
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # "file is not a database", "database disk image is
+        con.close()  # malformed", a damaged page's text that is no longer UTF-8
         raise HistoryError(f"{path}: not a spark-bench history database ({exc})") from None
     return con
 

@@ -284,8 +284,8 @@ class OpCharts:
                     for r in self.groups.get((ri, b, ci), []):
                         cost, tf = r.get("cost") or {}, number(r.get("tflops"))
                         flops, nbytes = number(cost.get("flops")), number(cost.get("bytes"))
-                        if tf and flops and nbytes:
-                            pts.append((r, flops / nbytes, tf))
+                        if tf and flops and nbytes and tf > 0 and 0 < flops / nbytes < math.inf:  # log-log: a
+                            pts.append((r, flops / nbytes, tf))  # zero or negative (damaged) figure has no place
                 if not pts:
                     continue
                 ais += [p[1] for p in pts]
@@ -303,7 +303,7 @@ class OpCharts:
         dtypes = sorted({str(r.get("dtype")) for rs in self.groups.values() for r in rs})
         roofs = [(run, d, p) for run in self.runs for d in dtypes for p in [peaks(run.run, d)]]
         ridges = [q["tflops"] * 1000.0 / q["gbps"] for _, _, p in roofs for q in p.values()
-                  if q.get("tflops") and q.get("gbps")]
+                  if q.get("tflops") and q.get("gbps") and q["tflops"] > 0 and q["gbps"] > 0]
         lo, hi = min(ais + ridges) / 3.0, max(ais + ridges) * 3.0  # the ridge point stays in view
         seen = set()
         for run, d, p in roofs:

@@ -27,6 +27,45 @@ from spark_bench.tune import plan as planning
 from spark_bench.tune.search import _runs_candidates, select
 
 PRUNE_DEADLINE_S = 900.0  # offline compiles of a tune without --budget
+_STR, _NUM = (str, type(None)), (int, float, type(None))
+# run.json's `tune` as a resumed tune reads it (results.schema_problem: path -> JSON types); PLAN_REQUIRED: the keys
+# each plan item and candidate must hold
+TUNE_NESTED: dict[str, tuple[type, ...]] = {
+    "plan": (dict,), "plan.items": (list,), "plan.items[]": (dict,), "plan.items[].case": (dict,),
+    "plan.items[].case.params": (dict,), "plan.items[].case.params.*": (str, int, float, bool, type(None)),
+    **{f"plan.items[].case.{k}": (str,) for k in ("op", "backend", "dtype", "device")},
+    "plan.items[].case.seed": (int,), "plan.items[].case.configs": (dict, type(None)),
+    "plan.items[].case.configs.*": (dict,), "plan.items[].case.weights": (dict, type(None)),
+    "plan.items[].case.repeat": (int,), "plan.items[].kernel": (str,), "plan.items[].keys": (list,),
+    "plan.items[].keys[]": (dict,), "plan.items[].keys[].key": (dict,), "plan.items[].keys[].config": (dict,),
+    "plan.items[].candidates": (list,), "plan.items[].candidates[]": (dict,),
+    "plan.items[].candidates[].config": (dict,), "plan.items[].candidates[].config.*": (int,),
+    "plan.items[].candidates[].id": (str,), "plan.items[].candidates[].status": (str,),
+    "plan.items[].candidates[].reason": _STR, "plan.untunable": (list,), "plan.capture_errors": (list,),
+    "out": (str,), "budget_s": _NUM, "spent_s": _NUM, "planning_s": _NUM,
+}
+PLAN_REQUIRED = {"item": ("case", "kernel", "keys", "candidates"), "candidate": ("config", "id", "status"),
+                 "key": ("key", "config"), "case": ("op", "backend", "params", "dtype", "device", "seed")}
+
+
+def plan_problem(tune: dict[str, Any]) -> str | None:
+    """Why run.json's `tune` (its plan above all) is not what `tune` wrote, as one line; else None."""
+    problem = results.schema_problem(tune, TUNE_NESTED)
+    if problem or not isinstance(tune.get("plan"), dict) or "items" not in tune["plan"] or "out" not in tune:
+        return problem or "plan lacks its \"items\" (or the tune its \"plan\" object or \"out\")"
+    for i, item in enumerate(tune["plan"].get("items", [])):
+        parts = {"item": [item], "case": [item.get("case", {})], "key": item.get("keys", []),
+                 "candidate": item.get("candidates", [])}
+        for what, objs in parts.items():
+            for obj in objs:
+                missing = [k for k in PLAN_REQUIRED[what] if k not in obj]
+                if missing:
+                    return f"plan item {i}: a {what} without {missing[0]!r}"
+        try:
+            Case(**item["case"])
+        except TypeError as exc:
+            return f"plan item {i}: its case is not a sweep case ({exc})"
+    return None
 
 
 @dataclasses.dataclass
@@ -85,7 +124,7 @@ class TuneSession:
                                        "--resume`)")
         store.lock()
         run = store.read_run()
-        from spark_bench.session import check_same_device, check_weights_unchanged, stored_sweep
+        from spark_bench.stored_run import check_same_device, check_weights_unchanged, stored_sweep
 
         spec, cfg, timeout_s = stored_sweep(store, run)
         check_same_device(path, run, spec.device, "tuned")
@@ -93,8 +132,12 @@ class TuneSession:
         tune = run["tune"]
         if out is not None:
             tune["out"] = str(out)
+        problem = plan_problem(tune)
+        if problem:
+            raise results.ResultsError(f"{store.run_file}: the tune's {problem}; this tune cannot be resumed")
         open_out(tune["out"], run["fingerprint"]["device"])
         store.repair_tail()
+        store.read_results()  # a damaged journal is one line now, before the tune says anything
         return cls(store, spec, cfg, timeout_s, tune)
 
     def rounds(self) -> list[list[Case]]:

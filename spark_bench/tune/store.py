@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from spark_bench.results import is_number
+from spark_bench.results import is_number, loads_json
 from spark_bench.sweep import UsageError
 from spark_bench.tune.space import key_distance, key_id
 
@@ -77,9 +77,11 @@ class TunedStore:
         except (OSError, UnicodeDecodeError) as exc:
             raise StoreError(f"tuned-config file {path}: cannot read it ({exc})") from None
         try:
-            data = json.loads(text)
+            data = loads_json(text)
         except json.JSONDecodeError as exc:
             raise StoreError(f"tuned-config file {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        except ValueError as exc:
+            raise StoreError(f"tuned-config file {path}: not valid JSON ({exc})") from None
         problem = validate(data)
         if problem:
             raise StoreError(f"tuned-config file {path}: {problem}")
