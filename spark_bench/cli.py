@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from spark_bench import results, triton_env
 from spark_bench.console import console, failures_table, results_table, summary_line
-from spark_bench.devices import check_device, default_device
+from spark_bench.devices import check_device, chosen_device
 from spark_bench.history.cli import history
 from spark_bench.kernelgate.cli import kernels
 from spark_bench.kernelgate.memcheck_cli import memcheck_cmd
@@ -23,6 +23,7 @@ from spark_bench.options import (
     OutputPath,
     SparkGroup,
     check_run_options,
+    check_spec,
     parse_duration,
     refuse_sweep_options_with_resume,
     sweep_options,
@@ -50,7 +51,7 @@ def list_cmd(as_json: bool, device: str | None, ops: tuple[str, ...]) -> None:
     """Ops, their axes and backends, and why a backend is unavailable."""
     from spark_bench.registry import registry
 
-    device = check_device(device or default_device())
+    device = chosen_device(device)
     triton_env.configure(device)
     reg = registry()
     try:
@@ -99,7 +100,7 @@ def env_cmd(as_json: bool, device: str | None) -> None:
     """The environment fingerprint stored with every run."""
     from spark_bench.fingerprint import fingerprint
 
-    fp = fingerprint(check_device(device or default_device()))
+    fp = fingerprint(chosen_device(device))
     if as_json:
         click.echo(json.dumps(fp, indent=2))
         return
@@ -164,6 +165,8 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
     check_timeout_variables()
     if resume is not None and like is not None:
         raise UsageError("--resume finishes a run, --like starts a new one; pass one")
+    if resume is None and out is not None:  # before any warning (a tuned table's, the peaks'); the dry run too
+        results.RunStore(out).check_new()
     if resume is not None:
         refuse_sweep_options_with_resume(click.get_current_context(), resume)
         session = Session.resume(resume)
@@ -173,26 +176,23 @@ def run_cmd(ops, backends, preset, sets, dtypes, device, quick, full, out, resum
         refuse_sweep_options_with_resume(click.get_current_context(), like, "--like", allowed=("out", "tuned"))
         spec, cfg, timeout = Session.stored(like)
         check_device(spec.device)  # a GPU run's sweep again on a machine without its device: one line, exit 2
-        if tuned is not None:
-            spec.tuned = load_tuned(tuned, spec.device, RESULTS_ROOT,
-                                    warn=lambda m: click.echo(f"warning: {m}", err=True))
     else:
-        device = check_device(device or default_device())
+        device = chosen_device(device)
         spec = sweep_spec(ops=ops, backends=backends, preset=preset, sets=sets, dtypes=dtypes, device=device,
                           quick=quick, full=full, seed=seed, weights=make_spec(weights, layer, routing, activations))
-        spec.tuned = load_tuned(tuned, device, RESULTS_ROOT, warn=lambda m: click.echo(f"warning: {m}", err=True))
+        check_spec(spec)  # a typo (op, preset, --set) fails before --tuned's warnings
         from spark_bench.timing import config_for  # torch: imported once a run starts, not for every command
 
         cfg = config_for(device, spec.quick, max_time_s=max_time, min_samples=min_samples, target_rel_ci=target_ci,
                          flush=False if no_flush else None, mode=timer)
     executor = make_executor(executor_kind, device=spec.device, devices=devices, ray_address=ray_address,
                              retries=retries)
+    if session is None and tuned is not None:  # a resume keeps its table; --like may take another on purpose
+        spec.tuned = load_tuned(tuned, spec.device, RESULTS_ROOT, warn=lambda m: click.echo(f"warning: {m}", err=True))
     if dry_run:
         from spark_bench.executors.plan import print_plan
         from spark_bench.runner import pending
 
-        if session is None and out is not None:  # what the run would refuse, the dry run refuses too
-            results.RunStore(out).check_new()
         if history_db is not None:  # ... without creating the database
             from spark_bench.history import connect
 

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from spark_bench.results import FAILED
+from spark_bench.results_schema import FAILED
 
 STATUS_STYLE = {"ok": "green", "mismatch": "bold red", "error": "red", "crash": "bold red", "timeout": "red",
                 "oom": "red", "skipped": "dim"}

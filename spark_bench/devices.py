@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from spark_bench.sweep import UsageError
 
 
@@ -11,10 +13,16 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def chosen_device(device: str | None) -> str:
+    """--device as given (checked), or the default when it was not given: an empty value is refused, not taken for
+    the default."""
+    return check_device(default_device() if device is None else device)
+
+
 def check_device(device: str) -> str:
     if device == "cpu":
         return device
-    if not device.startswith("cuda"):
+    if not re.fullmatch(r"cuda(:(0|[1-9][0-9]*))?", device, flags=re.ASCII):  # torch refuses cudax, cuda:, cuda:01
         raise UsageError(f"unknown device {device!r}; choose from cpu, cuda, cuda:N")
     import torch
 
@@ -22,7 +30,7 @@ def check_device(device: str) -> str:
         raise UsageError(f"device {device!r} is not available here (torch.cuda.is_available() is False); "
                          "use --device cpu")
     index = device.partition(":")[2]
-    if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+    if index and int(index) >= torch.cuda.device_count():
         raise UsageError(f"device {device!r} does not exist; this machine has cuda:0..{torch.cuda.device_count() - 1}")
     return device
 

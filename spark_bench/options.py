@@ -43,6 +43,8 @@ class OutputPath(click.Path):
 
 
 def fail_usage(message: str) -> None:
+    """One line: a newline the user typed into a value (a path) is shown as \\n, never breaks the line."""
+    message = message.replace("\r", "\\r").replace("\n", "\\n")
     click.echo(f"spark-bench: error: {message}", err=True)
     sys.exit(2)
 
@@ -113,6 +115,8 @@ def parse_duration(option: str, text: str | None) -> float | None:
     seconds = float(match.group(1)) * {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
     if not seconds > 0:
         raise UsageError(f"{option} {text!r}: give a duration above zero")
+    if not math.isfinite(seconds):  # 400 nines: float() says inf, which no deadline or estimate can use
+        raise UsageError(f"{option} {text!r}: give a finite duration, e.g. 90, 90s, 30m or 1.5h")
     return seconds
 
 
@@ -157,3 +161,14 @@ def sweep_spec(*, ops, backends, preset, sets, dtypes, device: str, quick: bool,
     return SweepSpec(ops=list(ops), backends=list(backends), preset=preset, overrides=merge_sets(sets),
                      dtypes=dtype_list(dtypes), device=device,
                      quick=quick or (device == "cpu" and not full), seed=seed, weights=weights)
+
+
+def check_spec(spec: SweepSpec) -> None:
+    """The spec's ops, backends, preset, dtypes and --set values checked (UsageError) before a command prints
+    anything (`Session._cases` checks them again as it builds the cases)."""
+    from spark_bench import triton_env
+    from spark_bench.registry import registry
+    from spark_bench.sweep import validate
+
+    triton_env.configure(spec.device)  # before the plugins import triton, as Session._cases
+    validate(registry(), spec)

@@ -17,6 +17,7 @@ from typing import Any
 from spark_bench import results, triton_env
 from spark_bench.console import console, failures_table, results_table, summary_line
 from spark_bench.executors.worker_process import WorkersCannotStart
+from spark_bench.results_schema import FAILED
 from spark_bench.runner import Runner, default_timeout
 from spark_bench.stored_run import check_same_device, check_weights_unchanged, kept_timers, stored_sweep
 from spark_bench.sweep import Case, SweepSpec, UsageError, build_cases
@@ -324,7 +325,7 @@ class Session:
             out.print(budget_note, markup=False, soft_wrap=True)
         if report:
             self._report(out)  # the report's path is printed last
-        return 1 if any(summary[s] for s in results.FAILED) else 0
+        return 1 if any(summary[s] for s in FAILED) else 0
 
     def _report(self, out: Any) -> None:
         """Write the run's report.html; when that fails (plotly missing, a bug, a full disk) say so in one line: the

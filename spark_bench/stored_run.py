@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_bench import results
+from spark_bench.results_schema import SPEC_NESTED, schema_problem
 from spark_bench.sweep import SweepSpec
 from spark_bench.timing import TimingConfig
 
@@ -15,7 +16,7 @@ from spark_bench.timing import TimingConfig
 def stored_sweep(store: results.RunStore, run: dict[str, Any]) -> tuple[SweepSpec, TimingConfig, float]:
     """(spec, timing config, phase timeout) of a run directory's run.json, for `--resume`; ResultsError if unusable."""
     raw = dict(run.get("spec") or {})
-    problem = results.schema_problem(raw, results.SPEC_NESTED)
+    problem = schema_problem(raw, SPEC_NESTED)
     try:
         if problem:
             raise TypeError(f"spec's {problem}")

@@ -8,6 +8,7 @@ import pytest
 from test_journal_edges import Scripted, _case
 
 from spark_bench import results
+from spark_bench.results_schema import FAILED
 from spark_bench.session import Session
 from spark_bench.stored_run import check_same_device
 from spark_bench.sweep import SweepSpec
@@ -20,13 +21,13 @@ def _session(tmp_path, cases, name="run"):
     return Session(store, SweepSpec(device="cpu"), TimingConfig(), 60.0, cases)
 
 
-@pytest.mark.parametrize("status", [*results.FAILED, "ok", "skipped"])
+@pytest.mark.parametrize("status", [*FAILED, "ok", "skipped"])
 def test_the_exit_code_is_1_when_any_case_failed_however(tmp_path, monkeypatch, status):
     monkeypatch.chdir(tmp_path)  # the ETA reads ./results
     cases = [_case(backend="good"), _case(backend="bad")]
     session = _session(tmp_path, cases)
     code = session.execute(report=False, executor=Scripted({"bad": status}))
-    assert code == (1 if status in results.FAILED else 0)
+    assert code == (1 if status in FAILED else 0)
     run = session.store.read_run()
     assert run["summary"]["cases"] == 2 and run["summary"][status] == (2 if status == "ok" else 1)
     assert run["finished"] is not None

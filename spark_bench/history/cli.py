@@ -138,7 +138,8 @@ def add_cmd(run_dirs: tuple[Path, ...], db: Path, branch: str | None, repo: Path
 @click.option("--runs", "show_runs", is_flag=True, help="List the runs themselves, newest first.")
 @fingerprint_option
 @branch_option
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N runs (with --runs).")
+@click.option("--limit", type=click.IntRange(min=1, max=2**63 - 1), default=None,  # SQLite's LIMIT is 64-bit
+              help="At most N runs (with --runs).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @one_line_errors
 def list_cmd(db: Path, show_runs: bool, fingerprint: str | None, branch: str | None, limit: int | None,

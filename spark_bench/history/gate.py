@@ -100,7 +100,11 @@ def parse_age(text: str) -> str:
     m = re.fullmatch(r"(\d+)\s*([dwmy])", text.strip())
     if m:
         days = int(m.group(1)) * {"d": 1, "w": 7, "m": 30, "y": 365}[m.group(2)]
-        return (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=days)).isoformat(timespec="seconds")
+        try:
+            return (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=days)).isoformat(timespec="seconds")
+        except OverflowError:  # before year 1: no date to compare with
+            raise HistoryError(f"--older-than {text!r}: an age past year 1; give fewer days or a date "
+                               "YYYY-MM-DD") from None
     if DATE.match(text.strip()) and gitinfo.utc(text.strip()):
         return gitinfo.utc(text.strip())  # type: ignore[return-value]
     raise HistoryError(f"--older-than {text!r}: expected an age like 90d, 12w, 6m, 1y or a date YYYY-MM-DD")

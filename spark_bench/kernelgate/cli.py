@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 import click
 from rich.markup import escape
@@ -76,10 +75,10 @@ def summary(rows: list[dict], targets: list[str], triton_version: str) -> str:
                    "attributes; all: every specialisation.")
 @click.option("--quick", is_flag=True, help="The quick (CPU) sweep's shapes instead of the GPU sweep's.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None, help="Parallel compiles (default: CPU count).")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--cache-dir", type=OutputPath(file_okay=False), default=None,
               help="Compile-result cache (default: ~/.cache/spark-bench/kernelgate).")
 @click.option("--no-cache", is_flag=True, help="Compile everything again.")
-@click.option("--triton-cache", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--triton-cache", type=OutputPath(file_okay=False), default=None,
               help="Fill this Triton cache directory (to carry to a GPU with the same Triton); implies --no-cache.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @click.option("--markdown", "markdown_path", type=OutputPath(file=True), default=None,

@@ -166,7 +166,8 @@ def _summary(r: dict[str, Any]) -> str:
               help="Override an axis, as for `run` (the default points are the quick sweep's: the interpreter runs "
                    "every program in Python, so keep them small).")
 @click.option("--dtype", "dtypes", multiple=True, help="Only these dtypes.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the input factory (as run --seed).")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(-(2**63), 2**64 - 1),  # torch.manual_seed's
+              help="Seed of the input factory (as run --seed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def traffic_cmd(ops, backends, sets, dtypes, seed, as_json) -> None:
     """Bytes each Triton kernel loads and stores, counted in the interpreter on CPU inputs, against the op's cost

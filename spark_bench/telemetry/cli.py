@@ -14,12 +14,14 @@ from typing import Any
 
 import click
 
-from spark_bench.options import OutputPath
+from spark_bench.options import OutputPath, fail_usage
 from spark_bench.weights.cli import make_spec, weight_options
 from spark_bench.weights.errors import WeightError
 
 
 def _fail(message: str, code: int = 2) -> None:
+    if code == 2:
+        fail_usage(message)  # one line, whatever the message holds
     click.echo(f"spark-bench: error: {message}", err=True)
     sys.exit(code)
 
@@ -29,7 +31,7 @@ def _device(device: str | None) -> str:
 
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", device):
+    if device != "cpu" and not re.fullmatch(r"cuda(:(0|[1-9][0-9]*))?", device, flags=re.ASCII):  # as torch
         _fail(f"unknown device {device!r}; choose from cpu, cuda, cuda:N")
     if device.startswith("cuda") and not torch.cuda.is_available():
         _fail(f"device {device!r} is not available here (torch.cuda.is_available() is False); use --device cpu")

@@ -83,7 +83,7 @@ def resolve_case(op_name: str, backend_name: str, sets: Sequence[str] = (), dtyp
     if why:
         raise ProfileError(f"invalid point for {op.name}: {why}")
     try:
-        dtype = canonical_dtype(dtype or op.dtypes[0])
+        dtype = canonical_dtype(op.dtypes[0] if dtype is None else dtype)  # --dtype '': an error, not the default
     except ValueError as exc:
         raise ProfileError(str(exc)) from None
     if dtype not in op.dtypes:  # as `run`: a tolerance entry alone does not make a dtype the op's

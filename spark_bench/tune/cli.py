@@ -73,7 +73,7 @@ def tune(ops, backends, preset, sets, dtypes, device, quick, full, seed, budget,
          jobs, timeout, max_time, min_samples, executor_kind, weights, layer, routing, activations) -> None:
     """Time every declared config of each Triton kernel the selected ops launch (checked, crash-isolated, flushed,
     as `run`), after pruning offline those that cannot compile, launch or avoid spills; write the best per key."""
-    from spark_bench.devices import check_device, default_device
+    from spark_bench.devices import chosen_device
     from spark_bench.executors import make_executor
     from spark_bench.kernelgate.targets import TARGETS
     from spark_bench.runner import check_timeout_variables
@@ -100,7 +100,7 @@ def tune(ops, backends, preset, sets, dtypes, device, quick, full, seed, budget,
         if budget is not None:  # a resumed tune may be given more (or less) time
             session.tune["budget_s"] = budget
     else:
-        device = check_device(device or default_device())
+        device = chosen_device(device)
         spec = sweep_spec(ops=ops, backends=backends, preset=preset, sets=sets, dtypes=dtypes, device=device,
                           quick=quick, full=full, seed=seed, weights=make_spec(weights, layer, routing, activations))
         from spark_bench.timing import config_for

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_bench import results
+from spark_bench.results_schema import FAILED, schema_problem
 from spark_bench.sweep import Case, SweepSpec, UsageError
 from spark_bench.timing import TimingConfig
 from spark_bench.tune import plan as planning
@@ -28,8 +29,8 @@ from spark_bench.tune.search import _runs_candidates, select
 
 PRUNE_DEADLINE_S = 900.0  # offline compiles of a tune without --budget
 _STR, _NUM = (str, type(None)), (int, float, type(None))
-# run.json's `tune` as a resumed tune reads it (results.schema_problem: path -> JSON types); PLAN_REQUIRED: the keys
-# each plan item and candidate must hold
+# run.json's `tune` as a resumed tune reads it (schema_problem: path -> JSON types); PLAN_REQUIRED: the keys each
+# plan item and candidate must hold
 TUNE_NESTED: dict[str, tuple[type, ...]] = {
     "plan": (dict,), "plan.items": (list,), "plan.items[]": (dict,), "plan.items[].case": (dict,),
     "plan.items[].case.params": (dict,), "plan.items[].case.params.*": (str, int, float, bool, type(None)),
@@ -50,7 +51,7 @@ PLAN_REQUIRED = {"item": ("case", "kernel", "keys", "candidates"), "candidate": 
 
 def plan_problem(tune: dict[str, Any]) -> str | None:
     """Why run.json's `tune` (its plan above all) is not what `tune` wrote, as one line; else None."""
-    problem = results.schema_problem(tune, TUNE_NESTED)
+    problem = schema_problem(tune, TUNE_NESTED)
     if problem or not isinstance(tune.get("plan"), dict) or "items" not in tune["plan"] or "out" not in tune:
         return problem or "plan lacks its \"items\" (or the tune its \"plan\" object or \"out\")"
     for i, item in enumerate(tune["plan"].get("items", [])):
@@ -86,12 +87,14 @@ class TuneSession:
         from spark_bench.tune.store import default_path, open_out
 
         t0 = time.monotonic()
-        base = [c for c in Session._cases(spec) if not c.skip and (spec.backends or fnmatch(c.backend, "triton*"))]
-        if not base:
-            raise UsageError("nothing to tune: the selection has no runnable Triton backend case")
         fp = fingerprint(spec.device, weights=spec.weights)
         out = out if out is not None else default_path(fp["device"], results_root)
         open_out(out, fp["device"])  # a table that could not be written must not cost the tune first
+        if run_dir is not None:  # nor a --run-dir: both refused before the cases' warnings
+            results.RunStore(run_dir, option="--run-dir").check_new()
+        base = [c for c in Session._cases(spec) if not c.skip and (spec.backends or fnmatch(c.backend, "triton*"))]
+        if not base:
+            raise UsageError("nothing to tune: the selection has no runnable Triton backend case")
         run_id = "tune-" + results.new_run_id(spec.device) if run_dir is None else Path(run_dir).name
         store = results.RunStore(run_dir if run_dir is not None else results_root / run_id, option="--run-dir")
         _claim(store)  # an unusable --run-dir is one line before the planning's compiles, not after them
@@ -214,7 +217,7 @@ class TuneSession:
         entries = select(self.tune["plan"], records)
         path = self._write(entries, run) if entries else None
         base_ids = {Case(**i["case"]).case_id for i in self.tune["plan"]["items"]}
-        failed = [r for r in records if r["case_id"] in base_ids and r["status"] in results.FAILED]
+        failed = [r for r in records if r["case_id"] in base_ids and r["status"] in FAILED]
         return (1 if failed or (untimed and path is None) else 0), path  # the budget left no entry: not done
 
     def spent_so_far(self) -> float:
