@@ -79,7 +79,9 @@ def is_number(x: Any) -> bool:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `path` through a temporary file that is removed if the write fails (a full disk leaves no `.tmp`); the
-    temporary file is per process, so two writers of one file (a shared cache) never mix their bytes."""
+    temporary file is per process, so two writers of one file (a shared cache) never mix their bytes. A symlink is
+    written through (its target replaced, the link kept)."""
+    path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")

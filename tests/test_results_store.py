@@ -55,3 +55,26 @@ def test_create_refuses_to_overwrite(tmp_path):
     store.append(rec("a", "ok"))
     with pytest.raises(ResultsError, match="--resume"):
         store.create({"run_id": "r"})
+
+
+def test_an_output_that_is_a_symlink_is_written_through(tmp_path):
+    """`report -o page.html` where page.html links into a published folder: the page lands there and the link stays
+    (the atomic write replaced the link with a file)."""
+    from conftest import run_cli
+
+    from spark_bench.results import write_text_atomic
+
+    (tmp_path / "site").mkdir()
+    target, link = tmp_path / "site" / "page.html", tmp_path / "page.html"
+    target.write_text("old")
+    link.symlink_to(target)
+    write_text_atomic(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"
+    dangling = tmp_path / "later.html"
+    dangling.symlink_to(tmp_path / "site" / "later.html")
+    run = RunStore(tmp_path / "r")
+    run.create({"run_id": "r", "created": "2026-12-01T00:00:00+00:00", "finished": None, "fingerprint": {},
+                "command": [], "spec": None, "roofline": None, "summary": None})
+    code, _, err = run_cli("report", tmp_path / "r", "-o", dangling)
+    assert code == 0, err
+    assert dangling.is_symlink() and "<html" in (tmp_path / "site" / "later.html").read_text().lower()
