@@ -6,6 +6,9 @@ import re
 
 from spark_bench.sweep import UsageError
 
+# the device names torch takes: cuda, cuda:N (no cudax, cuda:, cuda:01 or non-ASCII digits)
+CUDA_DEVICE = re.compile(r"cuda(:(0|[1-9][0-9]*))?", flags=re.ASCII)
+
 
 def default_device() -> str:
     import torch
@@ -22,7 +25,7 @@ def chosen_device(device: str | None) -> str:
 def check_device(device: str) -> str:
     if device == "cpu":
         return device
-    if not re.fullmatch(r"cuda(:(0|[1-9][0-9]*))?", device, flags=re.ASCII):  # torch refuses cudax, cuda:, cuda:01
+    if not CUDA_DEVICE.fullmatch(device):
         raise UsageError(f"unknown device {device!r}; choose from cpu, cuda, cuda:N")
     import torch
 

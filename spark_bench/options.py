@@ -42,11 +42,11 @@ class OutputPath(click.Path):
         return path
 
 
-def fail_usage(message: str) -> None:
+def fail_usage(message: str, code: int = 2) -> None:
     """One line: a newline the user typed into a value (a path) is shown as \\n, never breaks the line."""
     message = message.replace("\r", "\\r").replace("\n", "\\n")
     click.echo(f"spark-bench: error: {message}", err=True)
-    sys.exit(2)
+    sys.exit(code)
 
 
 class SparkGroup(click.Group):
@@ -66,8 +66,7 @@ class SparkGroup(click.Group):
         except (UsageError, ResultsError, CaptureFailed) as exc:
             fail_usage(str(exc))
         except WorkersCannotStart as exc:  # the environment, not the input: one line, exit 1
-            click.echo(f"spark-bench: error: {exc}", err=True)
-            sys.exit(1)
+            fail_usage(str(exc), 1)
         except click.exceptions.Abort:
             click.echo("aborted", err=True)
             sys.exit(130)

@@ -15,17 +15,18 @@ from spark_bench.timing import TimingConfig
 
 def stored_sweep(store: results.RunStore, run: dict[str, Any]) -> tuple[SweepSpec, TimingConfig, float]:
     """(spec, timing config, phase timeout) of a run directory's run.json, for `--resume`; ResultsError if unusable."""
+    def unusable(why: str) -> results.ResultsError:
+        return results.ResultsError(f"{store.run_file}: no usable sweep spec ({why}); this run cannot be resumed")
+
     raw = dict(run.get("spec") or {})
     problem = schema_problem(raw, SPEC_NESTED)
+    if problem:
+        raise unusable(f"spec's {problem}")
     try:
-        if problem:
-            raise TypeError(f"spec's {problem}")
         cfg, timeout_s = TimingConfig(**raw.pop("timing")), float(raw.pop("timeout_s"))
         return SweepSpec.from_dict(raw), cfg, timeout_s
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
-        why = str(exc) if problem else f"{type(exc).__name__}: {exc}"
-        raise results.ResultsError(f"{store.run_file}: no usable sweep spec ({why}); this run cannot be resumed") \
-            from None
+        raise unusable(f"{type(exc).__name__}: {exc}") from None
 
 
 def kept_timers(records: list[dict[str, Any]]) -> dict[str, str]:

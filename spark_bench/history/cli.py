@@ -3,94 +3,31 @@ gate on new regressions (`check`), write the trend report, prune old runs. docs/
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import sqlite3
 import sys
-import zlib
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.markup import escape
 
 from spark_bench.history import detect, gitinfo, query
+from spark_bench.history.cli_options import (
+    Table,
+    branch_option,
+    console,
+    db_option,
+    fingerprint_option,
+    one_line_errors,
+    opened,
+    repo_option,
+    step_threshold,
+    threshold_option,
+)
 from spark_bench.history.gate import parse_age, regressions
 from spark_bench.history.ingest import add_runs
-from spark_bench.history.store import DEFAULT_DB, HistoryError, connect
+from spark_bench.history.store import HistoryError
 from spark_bench.options import OutputPath, SparkGroup
-
-db_option = click.option("--db", type=click.Path(path_type=Path), default=DEFAULT_DB, show_default=True,
-                         help="The history database (SQLite).")
-fingerprint_option = click.option("--fingerprint", default=None,
-                                  help="Only this device fingerprint (id, id prefix, or device-name substring).")
-branch_option = click.option("--branch", default=None, help="Only runs of this branch.")
-threshold_option = click.option("--threshold", default="5%", show_default=True,
-                                help="Smallest step that counts (5%, 0.05).")
-
-
-def _work_tree(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
-    """A --repo given must be a git work tree: else commit times and suspects would be silently left out."""
-    if value is not None and gitinfo.find_repo(value) is None:
-        raise click.BadParameter(f"{str(value)!r} is not in a git work tree")
-    return value
-
-
-repo_option = click.option("--repo", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-                           callback=_work_tree,
-                           help="Git repository for commit times and suspect commits (default: around the cwd).")
-
-
-def console(stderr: bool = False) -> Any:
-    """The project's rich console, imported only when something is printed as a table (queries stay quick)."""
-    from spark_bench.console import console as make
-
-    return make(stderr=stderr)
-
-
-def Table(*args: Any, **kwargs: Any) -> Any:  # noqa: N802  (rich's class, imported on first use)
-    from rich.table import Table as RichTable
-
-    return RichTable(*args, **kwargs)
-
-
-def _threshold(text: str) -> float:
-    from spark_bench.report.compare import CompareError, parse_threshold
-
-    try:
-        return parse_threshold(text)
-    except CompareError as exc:
-        raise HistoryError(str(exc)) from None
-
-
-def one_line_errors(f: Callable[..., Any]) -> Callable[..., Any]:
-    """SQLite failures (a corrupt page, a lock held past the busy timeout) and stored values a damaged file no longer
-    decodes (text that is not UTF-8, a compressed run or JSON that does not decompress or parse) become a one-line
-    HistoryError naming the database."""
-
-    @functools.wraps(f)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        db = kwargs.get("db") or "history database"
-        try:
-            return f(*args, **kwargs)
-        except sqlite3.Error as exc:
-            raise HistoryError(f"{db}: {' '.join(str(exc).split())}") from None
-        except (zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise HistoryError(f"{db}: damaged history database (a stored value does not decode: "
-                               f"{' '.join(str(exc).split())[:200]})") from None
-
-    return wrapper
-
-
-@contextlib.contextmanager
-def opened(db: Path) -> Iterator[sqlite3.Connection]:
-    con = connect(db)
-    try:
-        yield con
-    finally:
-        con.close()
 
 
 @click.group("history", cls=SparkGroup)  # one-line errors standalone too
@@ -228,7 +165,7 @@ def _series(con: sqlite3.Connection, ops, backends, sets, dtypes, fingerprint, b
 @one_line_errors
 def trend_cmd(ops, backends, sets, dtypes, db, fingerprint, branch, threshold, last, repo, as_json) -> None:
     """One case's series per device fingerprint, in commit order, with its detected steps."""
-    thr = _threshold(threshold)
+    thr = step_threshold(threshold)
     with opened(db) as con:
         cases = query.select_cases(con, ops, backends, sets, dtypes)
         if not cases:
@@ -299,7 +236,7 @@ def _print_step(out, s: detect.Series, st: detect.Step) -> None:
 def check_cmd(since, ops, backends, db, fingerprint, branch, threshold, repo, as_json) -> None:
     """Exit 1 when a case stepped slower beyond the threshold (or stopped passing) after SINCE; the nightly gate.
     Exit 0: nothing regressed; 2: usage error."""
-    thr = _threshold(threshold)
+    thr = step_threshold(threshold)
     repo_path = gitinfo.find_repo(repo)
     with opened(db) as con:
         all_s = _series(con, ops, backends, (), (), fingerprint, branch, thr)
@@ -361,7 +298,7 @@ def report_cmd(output, ops, backends, db, fingerprint, branch, threshold, repo, 
     """One offline HTML page: detected regressions and improvements first, then a trend chart per op."""
     from spark_bench.history.report import write_trends
 
-    thr = _threshold(threshold)
+    thr = step_threshold(threshold)
     with opened(db) as con:
         series = _series(con, ops, backends, (), (), fingerprint, branch, thr)
     if not series:

@@ -6,24 +6,16 @@ Bad requests print one line on stderr and exit 2, like the rest of the CLI.
 from __future__ import annotations
 
 import json
-import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import click
 
+from spark_bench.devices import CUDA_DEVICE
 from spark_bench.options import OutputPath, fail_usage
 from spark_bench.weights.cli import make_spec, weight_options
 from spark_bench.weights.errors import WeightError
-
-
-def _fail(message: str, code: int = 2) -> None:
-    if code == 2:
-        fail_usage(message)  # one line, whatever the message holds
-    click.echo(f"spark-bench: error: {message}", err=True)
-    sys.exit(code)
 
 
 def _device(device: str | None) -> str:
@@ -31,13 +23,13 @@ def _device(device: str | None) -> str:
 
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device != "cpu" and not re.fullmatch(r"cuda(:(0|[1-9][0-9]*))?", device, flags=re.ASCII):  # as torch
-        _fail(f"unknown device {device!r}; choose from cpu, cuda, cuda:N")
+    if device != "cpu" and not CUDA_DEVICE.fullmatch(device):
+        fail_usage(f"unknown device {device!r}; choose from cpu, cuda, cuda:N")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        _fail(f"device {device!r} is not available here (torch.cuda.is_available() is False); use --device cpu")
+        fail_usage(f"device {device!r} is not available here (torch.cuda.is_available() is False); use --device cpu")
     count = torch.cuda.device_count() if device.startswith("cuda:") else 0
     if device.startswith("cuda:") and int(device[5:]) >= count:
-        _fail(f"device {device!r} does not exist here: {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+        fail_usage(f"device {device!r} does not exist here: {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
     return device
 
 
@@ -74,14 +66,14 @@ def calibrate(device: str | None, as_json: bool, cache: Path | None, force: bool
     device = _device(device)
     problem = write_problem(cache) if cache is not None else None  # before measuring: the peaks would be lost
     if problem:
-        _fail(f"--cache {cache}: {problem}")
+        fail_usage(f"--cache {cache}: {problem}")
     start = time.perf_counter()
     if not as_json:
         click.echo(f"calibrating {device} (cache {cache_path(cache)})...", err=True)
     before = {} if force else load_cache(cache)
     roof = roofline_for(device, measure=True, force=force, cache=cache, warn_failure=False)
     if roof["measured"] is None:
-        _fail(f"no peaks measured on {device}: {roof.get('reason') or 'unknown error'}", code=1)
+        fail_usage(f"no peaks measured on {device}: {roof.get('reason') or 'unknown error'}", 1)
     measured, sheet = roof["measured"], roof["datasheet"] or {}
     cached = bool(measured) and before.get(measured.get("fingerprint_id")) == measured
     if as_json:
@@ -136,7 +128,7 @@ def profile(op_name: str, backend: str, sets: tuple[str, ...], dtype: str | None
     out = out or Path("results/profile") / f"{op_name}-{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
     problem = write_problem(out / "kernels.json")  # before profiling: the trace would be lost
     if problem:
-        _fail(f"--out {out}: {problem}")
+        fail_usage(f"--out {out}: {problem}")
     try:
         if ncu:
             import shutil
@@ -154,7 +146,7 @@ def profile(op_name: str, backend: str, sets: tuple[str, ...], dtype: str | None
                                weights=spec)
         ncu_summary = run_ncu(op_name, backend, sets=sets, dtype=dtype, device=device, out_dir=out) if ncu else None
     except (ProfileError, WeightError) as exc:
-        _fail(str(exc))
+        fail_usage(str(exc))
     params = " ".join(f"{k}={v}" for k, v in summary["params"].items())
     wall = summary.get("wall_us_per_call")
     click.echo(f"{summary['op']} / {summary['backend']}  {params}  {summary['dtype']}  {device}  "
