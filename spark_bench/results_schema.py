@@ -34,10 +34,12 @@ _JSON_NAMES = {str: "a string", dict: "an object", list: "a list", int: "a numbe
                bool: "true/false", _NONE: "null"}
 # nested fields the commands read, by path: 'a.b' a key of an object, 'a.*' every value of one, 'a[]' every item of a
 # list (docs/results.md); a path under a missing field or one of another type is not checked
-_NUM, _OBJ, _STR = (*_NUMBER, _NONE), (dict, _NONE), (str, _NONE)
+NULLABLE_NUMBER, NULLABLE_OBJECT, NULLABLE_STR = (*_NUMBER, _NONE), (dict, _NONE), (str, _NONE)
+PARAM_VALUE = (str, *_NUMBER, bool, _NONE)  # a case's axis value
+_NUM, _OBJ, _STR = NULLABLE_NUMBER, NULLABLE_OBJECT, NULLABLE_STR
 _TIMING_NUMBERS = ("mean", "min", "max", "p10", "p90", "iqr", "ci_low", "ci_high", "ci_level", "rel_ci", "n")
 RECORD_NESTED: dict[str, tuple[type, ...]] = {
-    "params.*": (str, *_NUMBER, bool, _NONE), "labels[]": (str,), "timing.median": _NUMBER, "timing.timer": _STR,
+    "params.*": PARAM_VALUE, "labels[]": (str,), "timing.median": _NUMBER, "timing.timer": _STR,
     "timing.unit": _STR, **{f"timing.{k}": _NUM for k in _TIMING_NUMBERS}, "timing.samples": (list, _NONE),
     "timing.samples[]": _NUMBER, "check.ok": (bool, _NONE), "check.message": _STR, "recheck.ok": (bool, _NONE),
     "recheck.identical": (bool, _NONE),

@@ -21,29 +21,35 @@ from pathlib import Path
 from typing import Any
 
 from spark_bench import results
-from spark_bench.results_schema import FAILED, schema_problem
+from spark_bench.results_schema import (
+    FAILED,
+    NULLABLE_NUMBER,
+    NULLABLE_OBJECT,
+    NULLABLE_STR,
+    PARAM_VALUE,
+    schema_problem,
+)
 from spark_bench.sweep import Case, SweepSpec, UsageError
 from spark_bench.timing import TimingConfig
 from spark_bench.tune import plan as planning
 from spark_bench.tune.search import _runs_candidates, select
 
 PRUNE_DEADLINE_S = 900.0  # offline compiles of a tune without --budget
-_STR, _NUM = (str, type(None)), (int, float, type(None))
 # run.json's `tune` as a resumed tune reads it (schema_problem: path -> JSON types); PLAN_REQUIRED: the keys each
 # plan item and candidate must hold
 TUNE_NESTED: dict[str, tuple[type, ...]] = {
     "plan": (dict,), "plan.items": (list,), "plan.items[]": (dict,), "plan.items[].case": (dict,),
-    "plan.items[].case.params": (dict,), "plan.items[].case.params.*": (str, int, float, bool, type(None)),
+    "plan.items[].case.params": (dict,), "plan.items[].case.params.*": PARAM_VALUE,
     **{f"plan.items[].case.{k}": (str,) for k in ("op", "backend", "dtype", "device")},
-    "plan.items[].case.seed": (int,), "plan.items[].case.configs": (dict, type(None)),
-    "plan.items[].case.configs.*": (dict,), "plan.items[].case.weights": (dict, type(None)),
+    "plan.items[].case.seed": (int,), "plan.items[].case.configs": NULLABLE_OBJECT,
+    "plan.items[].case.configs.*": (dict,), "plan.items[].case.weights": NULLABLE_OBJECT,
     "plan.items[].case.repeat": (int,), "plan.items[].kernel": (str,), "plan.items[].keys": (list,),
     "plan.items[].keys[]": (dict,), "plan.items[].keys[].key": (dict,), "plan.items[].keys[].config": (dict,),
     "plan.items[].candidates": (list,), "plan.items[].candidates[]": (dict,),
     "plan.items[].candidates[].config": (dict,), "plan.items[].candidates[].config.*": (int,),
     "plan.items[].candidates[].id": (str,), "plan.items[].candidates[].status": (str,),
-    "plan.items[].candidates[].reason": _STR, "plan.untunable": (list,), "plan.capture_errors": (list,),
-    "out": (str,), "budget_s": _NUM, "spent_s": _NUM, "planning_s": _NUM,
+    "plan.items[].candidates[].reason": NULLABLE_STR, "plan.untunable": (list,), "plan.capture_errors": (list,),
+    "out": (str,), "budget_s": NULLABLE_NUMBER, "spent_s": NULLABLE_NUMBER, "planning_s": NULLABLE_NUMBER,
 }
 PLAN_REQUIRED = {"item": ("case", "kernel", "keys", "candidates"), "candidate": ("config", "id", "status"),
                  "key": ("key", "config"), "case": ("op", "backend", "params", "dtype", "device", "seed")}
