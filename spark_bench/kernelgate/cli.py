@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
+from spark_bench.kernelgate import compare as comparing
 from spark_bench.kernelgate import gate
 from spark_bench.kernelgate.capture import DEFAULT_BACKENDS
 from spark_bench.kernelgate.offline import compile_all, default_cache_dir
@@ -86,11 +88,17 @@ def summary(rows: list[dict], targets: list[str], triton_version: str) -> str:
 @click.option("--candidates", is_flag=True,
               help="Also compile every declared candidate config of each kernel and key (what `spark-bench tune` "
                    "would time; docs/tune.md), once per key: exit 1 when one cannot compile, launch or avoid spills.")
+@click.option("--compare", "compare_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="BASE.json",
+              help="Compare with an earlier `kernels --json` (e.g. results/kernels/*.json): the specialisations "
+                   "whose registers, spills, shared memory, CTAs per SM or tensor cores changed; exit 1 when one got "
+                   "worse (fewer CTAs per SM, a new spill, no longer compiles, lost wgmma).")
 def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, selection, quick, jobs, cache_dir, no_cache,
-            triton_cache, as_json, markdown_path, candidates) -> None:
+            triton_cache, as_json, markdown_path, candidates, compare_path) -> None:
     """Compile every Triton kernel specialisation the GPU sweep launches for GPU targets, offline (no GPU): compile
     errors, registers, spills, shared memory against the limit, CTAs per SM and the tensor-core instruction of every
-    tl.dot. Exit 1 when anything fails to compile, cannot launch, or spills."""
+    tl.dot. Exit 1 when anything fails to compile, cannot launch, or spills (or, with --compare, got worse)."""
+    baseline = None if compare_path is None else comparing.load(compare_path)  # before minutes of compiling
     try:
         targets = parse_targets(target_text)
     except ValueError as exc:
@@ -159,11 +167,15 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
 
     rows = gate.rows(chosen, results)
     line = summary(rows, [t.name for t in targets], triton.__version__)
+    compared = None if baseline is None else comparing.diff(baseline["rows"], rows)
+    if compared is not None:
+        compared["summary"] = comparing.summary(compared, compare_path, baseline.get("triton"), triton.__version__)
     if as_json:
         click.echo(json.dumps({"triton": triton.__version__, "selection": selection, "sweeps": sweeps,
                                "cases": cases, "capture_errors": errors, "rows": rows,
                                "candidates": candidate_rows if candidates else None,
-                               "summary": line}, indent=1, default=str))
+                               "summary": line, **({"compare": compared} if compared else {})}, indent=1,
+                              default=str))
     else:
         from spark_bench.console import console
 
@@ -182,13 +194,17 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
         if candidates:
             bad = sum(r["status"] != "ok" for r in candidate_rows)
             out.print(f"declared candidates: {len(candidate_rows)} (kernel, key, config) compiled, {bad} failing")
+        if compared is not None:
+            if compared["changed"]:
+                out.print(comparing.table(compared))
+            out.print(escape(compared["summary"]))
     if markdown_path is not None:  # checked writable before compiling (OutputPath); its folder may not exist yet
         from spark_bench.results import write_text_atomic
 
         markdown_path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(markdown_path, gate.markdown(rows, f"<!-- {line} -->"))
     failed = gate.failures(results)
-    if failed or errors or any(r["status"] != "ok" for r in candidate_rows):
+    if failed or errors or any(r["status"] != "ok" for r in candidate_rows) or (compared and compared["worse"]):
         sys.exit(1)
 
 
