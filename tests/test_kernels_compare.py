@@ -16,7 +16,7 @@ ONE_POINT = ("--op", "kda.gate", "--quick", "--no-presets", "--set", "tokens=1",
 
 
 def row(kernel="_k", verdict="ok", regs=64, spill=0, shared=0, ctas=8, tensor_core="-", **constexprs):
-    return {"module": "m", "kernel": kernel, "target": "sm_90a", "dtypes": "bf16,fp32",
+    return {"module": "kernels.mod", "kernel": kernel, "target": "sm_90a", "dtypes": "bf16,fp32",
             "all_constexprs": constexprs or {"BM": 64}, "options": {"num_warps": 4, "num_stages": 3},
             "verdict": verdict, "regs": regs, "spill_stores": spill, "spill_loads": 0, "shared": shared,
             "ctas_per_sm": ctas, "tensor_core": tensor_core}
@@ -64,17 +64,18 @@ def test_a_constexpr_added_since_the_base_is_left_out_of_the_match_and_named():
     base = [row(BM=64, T=1), row(BM=64)]  # T: an int argument equal to 1 is a constexpr to Triton, else absent
     new = [row(BM=64, T=1, FAST=0, regs=40), row(BM=64, T=1, FAST=1, regs=48), row(BM=64, FAST=1)]
     result = compare.diff(base, new)
-    assert result["matched"] == 2 and result["constexprs_not_matched"] == {"_k": ["FAST"]}
+    assert result["matched"] == 2 and result["constexprs_not_matched"] == {"mod._k": ["FAST"]}
     (changed,) = result["changed"]
     assert changed["constexprs"] == {"T": 1} and (changed["regs_base"], changed["regs"]) == (64, 48)
     line = compare.summary(result, "base.json", "3.6.0", "3.9.0")
-    assert "constexprs on one side only, pooled: _k FAST" in line and "compiled by triton 3.6.0" in line
+    assert "constexprs on one side only, pooled: mod._k FAST" in line and "compiled by triton 3.6.0" in line
 
 
 def test_kernels_on_one_side_only_are_counted_not_judged():
     result = compare.diff([row(kernel="_gone")], [row(kernel="_new"), row(kernel="_new", BM=32)])
     assert (result["matched"], result["only_in_base"], result["only_in_new"], result["worse"]) == (0, 1, 2, 0)
-    assert result["kernels_only_in_base"] == ["_gone (sm_90a)"] and result["kernels_only_in_new"] == ["_new (sm_90a)"]
+    assert result["kernels_only_in_base"] == ["mod._gone (sm_90a)"]
+    assert result["kernels_only_in_new"] == ["mod._new (sm_90a)"]
 
 
 @pytest.mark.parametrize("text, message", [
@@ -82,6 +83,8 @@ def test_kernels_on_one_side_only_are_counted_not_judged():
     ('{"rows": []}', 'not the output of `spark-bench kernels --json` (no "rows" list)'),
     ('[1, 2]', 'no "rows" list'),
     ('{"rows": [{"kernel": "_k"}]}', "row 0 lacks module, target, dtypes"),
+    (json.dumps({"rows": [{**row(), "all_constexprs": [1]}]}), "row 0 has all_constexprs of the wrong type ([1])"),
+    (json.dumps({"rows": [{**row(), "regs": "64"}]}), "row 0 has regs of the wrong type ('64')"),
 ])
 def test_a_file_that_is_not_a_kernels_json_is_one_line(tmp_path, text, message):
     path = tmp_path / "base.json"

@@ -16,8 +16,11 @@ from typing import Any
 
 from spark_bench.sweep import UsageError
 
-_FIELDS = ("module", "kernel", "target", "dtypes", "all_constexprs", "options", "verdict", "regs", "spill_stores",
-           "spill_loads", "shared", "ctas_per_sm", "tensor_core")
+_NUMBER = (int, type(None))  # a row's field -> its JSON types
+_FIELDS: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(("module", "kernel", "target", "dtypes", "verdict"), (str,)), "tensor_core": (str, type(None)),
+    "all_constexprs": (dict,), "options": (dict,),
+    **dict.fromkeys(("regs", "spill_stores", "spill_loads", "shared", "ctas_per_sm"), _NUMBER)}
 _VERDICTS = {"ok": 0, "spills": 1, "launch-resources": 2, "compile-error": 3}  # worse last; compiled: the first two
 
 
@@ -35,6 +38,9 @@ def load(path: Path) -> dict[str, Any]:
         missing = [f for f in _FIELDS if not isinstance(row, dict) or f not in row]
         if missing:
             raise UsageError(f"--compare {path}: row {i} lacks {', '.join(missing)}")
+        wrong = [f for f, types in _FIELDS.items() if not isinstance(row[f], types) or isinstance(row[f], bool)]
+        if wrong:
+            raise UsageError(f"--compare {path}: row {i} has {wrong[0]} of the wrong type ({row[wrong[0]]!r:.40})")
     return data
 
 
@@ -58,6 +64,10 @@ def common_constexprs(base_rows: list[dict[str, Any]], new_rows: list[dict[str, 
     return {kernel: base[kernel] & new[kernel] for kernel in base.keys() & new.keys()}
 
 
+def _name(row: dict[str, Any]) -> str:
+    return f"{row['module'].rpartition('.')[2]}.{row['kernel']}"  # as the tables write it: experts_decode._decode_down
+
+
 def pooled(rows: list[dict[str, Any]], names: dict[tuple, set[str]] | None = None
            ) -> dict[tuple[str, ...], dict[str, Any]]:
     """Per specialisation, its alignment variants' worst figures (`names`: the constexprs matched, per kernel)."""
@@ -65,7 +75,7 @@ def pooled(rows: list[dict[str, Any]], names: dict[tuple, set[str]] | None = Non
     for row in rows:
         spill = None if row["spill_stores"] is None else row["spill_stores"] + (row["spill_loads"] or 0)
         matched = None if names is None else names.get((row["module"], row["kernel"]))
-        new = {"kernel": row["kernel"], "target": row["target"], "dtypes": row["dtypes"],
+        new = {"kernel": _name(row), "target": row["target"], "dtypes": row["dtypes"],
                "constexprs": {k: v for k, v in row["all_constexprs"].items() if matched is None or k in matched},
                "verdict": row["verdict"],
                "regs": row["regs"], "spill": spill, "shared": row["shared"], "ctas_per_sm": row["ctas_per_sm"],
@@ -106,7 +116,7 @@ def diff(base_rows: list[dict[str, Any]], new_rows: list[dict[str, Any]]) -> dic
     for row in (*base_rows, *new_rows):
         extra = set(row["all_constexprs"]) - names.get((row["module"], row["kernel"]), set(row["all_constexprs"]))
         if extra:
-            unmatched.setdefault(row["kernel"], set()).update(extra)
+            unmatched.setdefault(_name(row), set()).update(extra)
     base, new = pooled(base_rows, names), pooled(new_rows, names)
     changed = []
     for ident in sorted(base.keys() & new.keys()):
@@ -123,15 +133,15 @@ def diff(base_rows: list[dict[str, Any]], new_rows: list[dict[str, Any]]) -> dic
         for k, v in figures["constexprs"].items():
             values.setdefault(figures["kernel"], {}).setdefault(k, set()).add(json.dumps(v, default=str))
     for figures in every:  # an int argument equal to 1 is a constexpr to Triton, else absent: shown as '-'
-        for k, seen in values[figures["kernel"]].items():
+        for k, seen in values.get(figures["kernel"], {}).items():
             if k not in figures["constexprs"]:
                 seen.add("-")
     for c in changed:  # shown: the constexprs that tell the kernel's specialisations apart
-        shown = [k for k, seen in values[c["kernel"]].items() if len(seen) > 1]
+        shown = [k for k, seen in values.get(c["kernel"], {}).items() if len(seen) > 1]
         c["constexprs"] = {k: c["constexprs"].get(k, "-") for k in shown}
     changed.sort(key=lambda c: (not c["worse"], c["kernel"], c["target"], json.dumps(c["constexprs"], default=str)))
-    only = {side: sorted({f"{ident[1]} ({ident[2]})" for ident in keys})
-            for side, keys in (("base", base.keys() - new.keys()), ("new", new.keys() - base.keys()))}
+    only = {side: sorted({f"{mine[ident]['kernel']} ({ident[2]})" for ident in mine.keys() - other.keys()})
+            for side, mine, other in (("base", base, new), ("new", new, base))}
     return {"matched": len(base.keys() & new.keys()), "changed": changed,
             "worse": sum(bool(c["worse"]) for c in changed), "only_in_base": len(base.keys() - new.keys()),
             "only_in_new": len(new.keys() - base.keys()), "kernels_only_in_base": only["base"],
