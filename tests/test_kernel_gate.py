@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from spark_bench.kernelgate import gate
+from spark_bench.kernelgate import compare, gate
 from spark_bench.kernelgate.capture import Spec
 from spark_bench.kernelgate.offline import compile_all, parse_ptxas_log, parse_res_usage, tensor_core_instructions
 from spark_bench.kernelgate.targets import TARGETS
@@ -17,6 +18,7 @@ from spark_bench.kernelgate.targets import TARGETS
 pytest.importorskip("triton")
 H200 = TARGETS["sm_90a"]
 BROKEN = "kernelgate.broken_kernels"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _spec(kernel, signature, constexprs, options, attrs=None):
@@ -101,7 +103,8 @@ def test_broken_kernels_are_reported_as_failures(gate_cache):
 
 def test_every_kernel_of_the_gpu_sweep_and_presets_compiles_fits_and_does_not_spill_on_sm_90a(gate_cache):
     """The CI gate: a covering set of the specialisations `spark-bench run --device cuda` (and every model preset)
-    would launch, compiled offline for the H200."""
+    would launch, compiled offline for the H200, and none of them worse (CTAs per SM, spills, wgmma) than the
+    committed table of this Triton version."""
     presets = [None, *gate.presets_of([])]
     assert {"kimi-linear", "deepseek-v3", "glm-4.5"} <= set(presets)
     captured = gate.capture_sweeps([], ["triton*"], presets, {}, [], False, "sm_90a")
@@ -114,6 +117,17 @@ def test_every_kernel_of_the_gpu_sweep_and_presets_compiles_fits_and_does_not_sp
     bad = [f"{r.kernel.rpartition(':')[2]} {r.verdict}: {r.error}" for r in gate.failures(results)]
     assert not bad, "\n".join(bad)
     assert all(r.regs and r.ctas_per_sm >= 1 for r in results)
+    # and none worse than the committed table of this Triton (docs/kernels.md, "Compare"): a change that costs
+    # occupancy or wgmma on purpose regenerates it, `spark-bench kernels --json > results/kernels/<that file>`
+    import triton
+
+    table = ROOT / "results" / "kernels" / f"sm_90a-triton-{'.'.join(triton.__version__.split('.')[:2])}.json"
+    if table.is_file():
+        result = compare.diff(compare.load(table)["rows"], gate.rows(chosen, results))
+        assert result["matched"] > len(chosen) // 2, compare.summary(result, table, "?", triton.__version__)
+        worse = [f"{c['kernel']} {c['dtypes']} {c['constexprs']}: {'; '.join(c['worse'])}" for c in result["changed"]
+                 if c["worse"]]
+        assert not worse, f"worse than {table}:\n" + "\n".join(worse)
 
 
 def test_kernels_command_prints_the_table_and_exits_1_on_failure(tmp_path):
