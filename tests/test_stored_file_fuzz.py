@@ -139,6 +139,13 @@ def _history(tmp_path):
     ("UPDATE runs SET summary = 'not json'", ["list", "--runs"]),
     ("schema", ["list"]),
     ("UPDATE cases SET params = CAST(X'7bff7d' AS TEXT)", ["trend", "--op", "kda.gate"]),
+    # valid SQLite, values of another type than their column's (only another program writes them)
+    ("UPDATE results SET median = 'abc'", ["trend", "--op", "kda.gate"]),
+    ("UPDATE results SET median = 'abc'", ["check", "--since", "2000-01-01"]),
+    ("UPDATE results SET n = 'many'", ["report", "-o", "trends.html"]),
+    ("UPDATE results SET samples = 'xyz'", ["show", "r1"]),
+    ("UPDATE results SET status = X'6f6b'", ["trend", "--op", "kda.gate"]),
+    ("UPDATE runs SET commit_time = X'00'", ["report", "-o", "trends.html"]),
 ])
 def test_history_names_a_damaged_database(tmp_path, damage, args):
     db = _history(tmp_path)
@@ -149,8 +156,32 @@ def test_history_names_a_damaged_database(tmp_path, damage, args):
         con.execute(damage)
         con.commit()
         con.close()
+    args = [str(tmp_path / a) if a.endswith(".html") else a for a in args]
     code, _out, err = run_cli("history", *args, "--db", db)
     one_error_line(code, err, str(db))
+
+
+def test_a_wrong_typed_value_is_named_by_its_column(tmp_path):
+    db = _history(tmp_path)
+    con = sqlite3.connect(db)
+    con.execute("UPDATE results SET median = 'abc'")
+    con.commit()
+    con.close()
+    code, _out, err = run_cli("history", "trend", "--op", "kda.gate", "--db", db)
+    assert err.strip().endswith("damaged history database (results.median holds text where the schema has REAL "
+                                "(row 1))"), err
+
+
+def test_a_type_error_of_ours_keeps_its_traceback(tmp_path, monkeypatch):
+    """Only a database that holds a wrong-typed value turns a TypeError into one line: a bug is not hidden."""
+    from spark_bench.history import cli as history_cli
+
+    def broken(*args, **kwargs):
+        raise TypeError("a bug of ours")
+
+    monkeypatch.setattr(history_cli, "_series", broken)
+    with pytest.raises(TypeError, match="a bug of ours"):
+        run_cli("history", "check", "--since", "2000-01-01", "--db", _history(tmp_path))
 
 
 def _flip_schema_byte(db) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from spark_bench.history import gitinfo
-from spark_bench.history.store import DEFAULT_DB, HistoryError, connect
+from spark_bench.history.store import DEFAULT_DB, HistoryError, connect, mistyped
 
 db_option = click.option("--db", type=click.Path(path_type=Path), default=DEFAULT_DB, show_default=True,
                          help="The history database (SQLite).")
@@ -77,8 +77,28 @@ def one_line_errors(f: Callable[..., Any]) -> Callable[..., Any]:
         except (zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise HistoryError(f"{db}: damaged history database (a stored value does not decode: "
                                f"{' '.join(str(exc).split())[:200]})") from None
+        except (TypeError, ValueError, AttributeError):
+            found = _mistyped(kwargs.get("db"))  # a value of the wrong type, written by another program?
+            if found:
+                raise HistoryError(f"{db}: damaged history database ({found})") from None
+            raise  # not the file's fault: a bug of ours, with its traceback
 
     return wrapper
+
+
+def _mistyped(db: Path | None) -> str | None:
+    if db is None or not Path(db).is_file():
+        return None
+    try:
+        con = sqlite3.connect(db)
+    except sqlite3.Error:
+        return None
+    try:
+        return mistyped(con)
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
 
 
 @contextlib.contextmanager

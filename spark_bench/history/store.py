@@ -164,6 +164,25 @@ def connect(path: Path | str, create: bool = False) -> sqlite3.Connection:
     return con
 
 
+_TYPEOF = {"TEXT": ("text",), "INTEGER": ("integer",), "REAL": ("real", "integer"), "BLOB": ("blob",)}
+
+
+def mistyped(con: sqlite3.Connection) -> str | None:
+    """The first stored value whose type is not its column's (text in a REAL column, a number where a TEXT is:
+    SQLite keeps them, only another program writes them), as 'results.median holds text where the schema has REAL
+    (row 3)'; None when every value has its column's type. A scan of every table: called after a failure only."""
+    for (table,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'meta'").fetchall():
+        for _cid, column, declared, *_ in con.execute(f'PRAGMA table_info("{table}")').fetchall():
+            allowed = _TYPEOF.get(str(declared).upper())
+            if allowed is None:
+                continue
+            found = con.execute(f'SELECT rowid, typeof("{column}") FROM "{table}" WHERE typeof("{column}") NOT IN '
+                                f'({", ".join(repr(t) for t in (*allowed, "null"))}) LIMIT 1').fetchone()
+            if found:
+                return f"{table}.{column} holds {found[1]} where the schema has {declared} (row {found[0]})"
+    return None
+
+
 def case_key(rec: dict[str, Any]) -> tuple[str, str, str, str]:
     return (str(rec.get("op")), str(rec.get("backend")), str(rec.get("dtype")),
             json.dumps(rec.get("params") or {}, sort_keys=True, separators=(",", ":"), default=str))
