@@ -34,6 +34,9 @@ def test_a_forced_merge_keeps_where_an_entry_was_first_measured():
     (_entry(drift={"max": "big", "cases": 1}), '"drift" must be null or an object with a numeric "max"'),
     (_entry(drift={"max": 0.1, "cases": "2"}), '"drift" must be null or an object with a numeric "max"'),
     (_entry(noise="wide"), '"noise" must be null or a finite number'),  # was a traceback in `tuned show`
+    (_entry(noise=-0.05), '"noise" must be null or a finite number >= 0'),  # a margin, printed as "±-5%"
+    (_entry(speedup=0), '"speedup" must be a finite number > 0'),
+    (_entry(time_us=-1.0), '"time_us" must be a finite number > 0'),
 ])
 def test_tuned_show_refuses_an_entry_it_could_not_use_or_print(tmp_path, entry, needle):
     path = tmp_path / "t.json"

@@ -212,7 +212,8 @@ def _timed_problem(obj: Any, where: str = "") -> str | None:
     problem = _config_problem(obj.get("config"))
     if problem:
         return f"\"{where}config\" {problem}"
-    return None if is_number(obj.get("time_us")) else f"\"{where}time_us\" must be a finite number"
+    time_us = obj.get("time_us")
+    return None if is_number(time_us) and time_us > 0 else f"\"{where}time_us\" must be a finite number > 0"
 
 
 def _entry_problem(entry: Any) -> str | None:
@@ -224,10 +225,10 @@ def _entry_problem(entry: Any) -> str | None:
         return problem
     if entry.get("runner_up") is not None and (problem := _timed_problem(entry["runner_up"], "runner_up.")):
         return problem
-    if not is_number(entry.get("speedup")):
-        return "\"speedup\" must be a finite number"
-    if entry.get("noise") is not None and not is_number(entry["noise"]):
-        return "\"noise\" must be null or a finite number"
+    if not (is_number(entry.get("speedup")) and entry["speedup"] > 0):
+        return "\"speedup\" must be a finite number > 0"
+    if entry.get("noise") is not None and not (is_number(entry["noise"]) and entry["noise"] >= 0):
+        return "\"noise\" must be null or a finite number >= 0"
     close = entry.get("within_noise")
     if close is not None and not (isinstance(close, dict) and is_number(close.get("speedup"))
                                   and "noise" in close
