@@ -58,6 +58,19 @@ def test_alignment_variants_are_pooled_at_their_worst():
     assert changed["worse"] == ["spills 4 B", "CTA/SM 8 -> 6"]
 
 
+def test_alignment_variants_recorded_on_both_sides_are_matched_one_to_one():
+    """Tables since 2026-12-07 record each launch's alignment (attrs): a classes table compiled one variant, a later
+    run may pick another as its representative; that one is new, not 'worse'."""
+    a16, a8 = '{"tt.divisibility":[[0],[1]]}', '{"tt.divisibility":[[0]]}'
+    base = [{**row(), "attrs": a16}]
+    new = [{**row(regs=80, ctas=6), "attrs": a8}]
+    result = compare.diff(base, new)
+    assert (result["matched"], result["worse"], result["only_in_new"], result["aligned"]) == (0, 0, 1, True)
+    result = compare.diff(base, [{**row(regs=80, ctas=6), "attrs": a16}, {**row(), "attrs": a8}])
+    assert (result["matched"], result["worse"], result["only_in_new"]) == (1, 1, 1)
+    assert compare.diff(base, [row(regs=80, ctas=6)])["aligned"] is False  # a side without attrs: pooled
+
+
 def test_a_constexpr_added_since_the_base_is_left_out_of_the_match_and_named():
     """A kernel edit that adds a constexpr (here FAST) must not make every specialisation 'only here': the match
     uses the constexprs both sides have, and the new one's variants pool (worst figures)."""
@@ -69,6 +82,10 @@ def test_a_constexpr_added_since_the_base_is_left_out_of_the_match_and_named():
     assert changed["constexprs"] == {"T": 1} and (changed["regs_base"], changed["regs"]) == (64, 48)
     line = compare.summary(result, "base.json", "3.6.0", "3.9.0")
     assert "constexprs on one side only, pooled: mod._k FAST" in line and "compiled by triton 3.6.0" in line
+    assert "alignment variants" not in line
+    assert "the base is --select classes, this all: a specialisation's alignment variants" in \
+        compare.summary(result, "base.json", "3.9.0", "3.9.0", "classes", "all")
+    assert "alignment" not in compare.summary(result, "base.json", "3.9.0", "3.9.0", "classes", "cover")
 
 
 def test_kernels_on_one_side_only_are_counted_not_judged():

@@ -169,7 +169,8 @@ def kernels(ops, backends, preset, no_presets, sets, dtypes, target_text, select
     line = summary(rows, [t.name for t in targets], triton.__version__)
     compared = None if baseline is None else comparing.diff(baseline["rows"], rows)
     if compared is not None:
-        compared["summary"] = comparing.summary(compared, compare_path, baseline.get("triton"), triton.__version__)
+        compared["summary"] = comparing.summary(compared, compare_path, baseline.get("triton"), triton.__version__,
+                                                baseline.get("selection"), selection)
     if as_json:
         click.echo(json.dumps({"triton": triton.__version__, "selection": selection, "sweeps": sweeps,
                                "cases": cases, "capture_errors": errors, "rows": rows,

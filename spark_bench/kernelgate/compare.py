@@ -1,12 +1,13 @@
 """`spark-bench kernels --compare BASE.json`: did a kernel change cost occupancy, start spilling or lose its tensor
 cores, offline? BASE is an earlier `spark-bench kernels --json` (results/kernels/*.json are such files).
 
-Specialisations are matched by what a launch asks for (module, kernel, target, pointer dtypes, every constexpr and
-the launch options), not by the compile key, which hashes the kernel's source and so changes with every edit; the
-alignment variants of one specialisation (`--select all`) are pooled: the most registers, spill bytes and shared
-memory, the fewest CTAs per SM. A specialisation is **worse** when its CTAs per SM went down, it spills where it did
-not, it no longer compiles or launches, or it lost wgmma (or every tensor-core instruction) that it had; registers
-and shared memory that change without that are shown, not judged."""
+Specialisations are matched by what a launch asks for (module, kernel, target, pointer dtypes, every constexpr, the
+launch options and, where both files recorded it, its arguments' alignment), not by the compile key, which hashes
+the kernel's source and so changes with every edit. Against a base without alignments (tables before 2026-12-07)
+the alignment variants of one specialisation (`--select all`) are pooled: the most registers, spill bytes and
+shared memory, the fewest CTAs per SM. A specialisation is **worse** when its CTAs per SM went down, it spills
+where it did not, it no longer compiles or launches, or it lost wgmma (or every tensor-core instruction) that it
+had; registers and shared memory that change without that are shown, not judged."""
 
 from __future__ import annotations
 
@@ -44,11 +45,13 @@ def load(path: Path) -> dict[str, Any]:
     return data
 
 
-def identity(row: dict[str, Any], names: set[str] | None = None) -> tuple[str, ...]:
-    """What a launch asks for; `names`: only these constexprs (those the kernel has on both sides)."""
+def identity(row: dict[str, Any], names: set[str] | None = None, aligned: bool = False) -> tuple[str, ...]:
+    """What a launch asks for; `names`: only these constexprs (those the kernel has on both sides); `aligned`: its
+    arguments' alignment too (when both sides recorded it)."""
     constexprs = {k: v for k, v in row["all_constexprs"].items() if names is None or k in names}
     return (row["module"], row["kernel"], row["target"], row["dtypes"], json.dumps(constexprs, sort_keys=True,
-            default=str), json.dumps(row["options"], sort_keys=True, default=str))
+            default=str), json.dumps(row["options"], sort_keys=True, default=str),
+            row["attrs"] if aligned else "")
 
 
 def common_constexprs(base_rows: list[dict[str, Any]], new_rows: list[dict[str, Any]]) -> dict[tuple, set[str]]:
@@ -68,9 +71,10 @@ def _name(row: dict[str, Any]) -> str:
     return f"{row['module'].rpartition('.')[2]}.{row['kernel']}"  # as the tables write it: experts_decode._decode_down
 
 
-def pooled(rows: list[dict[str, Any]], names: dict[tuple, set[str]] | None = None
+def pooled(rows: list[dict[str, Any]], names: dict[tuple, set[str]] | None = None, aligned: bool = False
            ) -> dict[tuple[str, ...], dict[str, Any]]:
-    """Per specialisation, its alignment variants' worst figures (`names`: the constexprs matched, per kernel)."""
+    """Per specialisation, its figures (`names`: the constexprs matched, per kernel); without `aligned`, its alignment
+    variants' worst."""
     out: dict[tuple[str, ...], dict[str, Any]] = {}
     for row in rows:
         spill = None if row["spill_stores"] is None else row["spill_stores"] + (row["spill_loads"] or 0)
@@ -80,7 +84,7 @@ def pooled(rows: list[dict[str, Any]], names: dict[tuple, set[str]] | None = Non
                "verdict": row["verdict"],
                "regs": row["regs"], "spill": spill, "shared": row["shared"], "ctas_per_sm": row["ctas_per_sm"],
                "tensor_core": row["tensor_core"] or "-"}
-        have = out.setdefault(identity(row, matched), new)
+        have = out.setdefault(identity(row, matched, aligned), new)
         if have is new:
             continue
         for field, pick in (("regs", max), ("spill", max), ("shared", max), ("ctas_per_sm", min)):
@@ -117,7 +121,8 @@ def diff(base_rows: list[dict[str, Any]], new_rows: list[dict[str, Any]]) -> dic
         extra = set(row["all_constexprs"]) - names.get((row["module"], row["kernel"]), set(row["all_constexprs"]))
         if extra:
             unmatched.setdefault(_name(row), set()).update(extra)
-    base, new = pooled(base_rows, names), pooled(new_rows, names)
+    aligned = all(isinstance(row.get("attrs"), str) for row in (*base_rows, *new_rows))  # tables since 2026-12-07
+    base, new = pooled(base_rows, names, aligned), pooled(new_rows, names, aligned)
     changed = []
     for ident in sorted(base.keys() & new.keys()):
         b, n = base[ident], new[ident]
@@ -142,19 +147,23 @@ def diff(base_rows: list[dict[str, Any]], new_rows: list[dict[str, Any]]) -> dic
     changed.sort(key=lambda c: (not c["worse"], c["kernel"], c["target"], json.dumps(c["constexprs"], default=str)))
     only = {side: sorted({f"{mine[ident]['kernel']} ({ident[2]})" for ident in mine.keys() - other.keys()})
             for side, mine, other in (("base", base, new), ("new", new, base))}
-    return {"matched": len(base.keys() & new.keys()), "changed": changed,
+    return {"matched": len(base.keys() & new.keys()), "aligned": aligned, "changed": changed,
             "worse": sum(bool(c["worse"]) for c in changed), "only_in_base": len(base.keys() - new.keys()),
             "only_in_new": len(new.keys() - base.keys()), "kernels_only_in_base": only["base"],
             "kernels_only_in_new": only["new"], "constexprs_not_matched": {k: sorted(v) for k, v in
                                                                             sorted(unmatched.items())}}
 
 
-def summary(result: dict[str, Any], path: Path, base_triton: Any, triton_version: str) -> str:
+def summary(result: dict[str, Any], path: Path, base_triton: Any, triton_version: str, base_selection: Any = None,
+            selection: str | None = None) -> str:
     line = (f"against {path}: {result['matched']} specialisations in both, {len(result['changed'])} changed, "
             f"{result['worse']} worse; {result['only_in_new']} only here, {result['only_in_base']} only in the base")
     if result["constexprs_not_matched"]:
         line += ("; constexprs on one side only, pooled: " + ", ".join(
             f"{kernel} {'/'.join(names)}" for kernel, names in result["constexprs_not_matched"].items()))
+    if not result.get("aligned") and base_selection and selection and (base_selection == "all") != (selection == "all"):
+        line += (f" (the base is --select {base_selection}, this {selection}: a specialisation's alignment variants, "
+                 "pooled at their worst on the 'all' side, can differ from the one the other side compiled)")
     if str(base_triton) != triton_version:
         line += f" (the base was compiled by triton {base_triton}, this by {triton_version}: some changes are Triton's)"
     return line

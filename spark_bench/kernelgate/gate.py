@@ -129,6 +129,8 @@ def rows(specs: list[Spec], results: list[Compiled]) -> list[dict[str, Any]]:
             "tensor_core": r.tensor_core, "mma": r.mma, "dots": r.dots, "compile_s": r.seconds,
             "launches": len(spec.launches), "grid_ctas": ctas,
             "ops": sorted({launch["op"] for launch in spec.launches}), "key": r.key, "triton": r.triton,
+            # pointer/int alignment, which tells `--select all`'s variants apart (compare.py); one compact string
+            "attrs": json.dumps(spec.attrs, sort_keys=True, separators=(",", ":"), default=str),
         })
     return out
 
