@@ -123,8 +123,9 @@ def test_every_kernel_of_the_gpu_sweep_and_presets_compiles_fits_and_does_not_sp
 
     table = ROOT / "results" / "kernels" / f"sm_90a-triton-{'.'.join(triton.__version__.split('.')[:2])}.json"
     if table.is_file():
-        result = compare.diff(compare.load(table)["rows"], gate.rows(chosen, results))
-        assert result["matched"] > len(chosen) // 2, compare.summary(result, table, "?", triton.__version__)
+        base = compare.load(table)
+        result = compare.diff(base["rows"], gate.rows(chosen, results))
+        assert result["matched"] > len(chosen) // 2, compare.summary(result, table, base["triton"], triton.__version__)
         worse = [f"{c['kernel']} {c['dtypes']} {c['constexprs']}: {'; '.join(c['worse'])}" for c in result["changed"]
                  if c["worse"]]
         assert not worse, f"worse than {table}:\n" + "\n".join(worse)

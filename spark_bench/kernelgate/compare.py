@@ -124,9 +124,9 @@ def diff(base_rows: list[dict[str, Any]], new_rows: list[dict[str, Any]]) -> dic
     aligned = all(isinstance(row.get("attrs"), str) for row in (*base_rows, *new_rows))  # tables since 2026-12-07
     base, new = pooled(base_rows, names, aligned), pooled(new_rows, names, aligned)
     changed = []
+    figures = ("verdict", "regs", "spill", "shared", "ctas_per_sm", "tensor_core")
     for ident in sorted(base.keys() & new.keys()):
         b, n = base[ident], new[ident]
-        figures = ("verdict", "regs", "spill", "shared", "ctas_per_sm", "tensor_core")
         if all(b[f] == n[f] for f in figures):
             continue
         changed.append({"kernel": n["kernel"], "target": n["target"], "dtypes": n["dtypes"],
@@ -134,12 +134,12 @@ def diff(base_rows: list[dict[str, Any]], new_rows: list[dict[str, Any]]) -> dic
                         **{f"{f}_base": b[f] for f in figures}, **{f: n[f] for f in figures}})
     values: dict[str, dict[str, set[str]]] = {}  # per kernel and matched constexpr, its values on either side
     every = [*base.values(), *new.values()]
-    for figures in every:
-        for k, v in figures["constexprs"].items():
-            values.setdefault(figures["kernel"], {}).setdefault(k, set()).add(json.dumps(v, default=str))
-    for figures in every:  # an int argument equal to 1 is a constexpr to Triton, else absent: shown as '-'
-        for k, seen in values.get(figures["kernel"], {}).items():
-            if k not in figures["constexprs"]:
+    for spec in every:
+        for k, v in spec["constexprs"].items():
+            values.setdefault(spec["kernel"], {}).setdefault(k, set()).add(json.dumps(v, default=str))
+    for spec in every:  # an int argument equal to 1 is a constexpr to Triton, else absent: shown as '-'
+        for k, seen in values.get(spec["kernel"], {}).items():
+            if k not in spec["constexprs"]:
                 seen.add("-")
     for c in changed:  # shown: the constexprs that tell the kernel's specialisations apart
         shown = [k for k, seen in values.get(c["kernel"], {}).items() if len(seen) > 1]
