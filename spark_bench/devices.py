@@ -32,9 +32,9 @@ def check_device(device: str) -> str:
     if not torch.cuda.is_available():
         raise UsageError(f"device {device!r} is not available here (torch.cuda.is_available() is False); "
                          "use --device cpu")
-    index = device.partition(":")[2]
-    if index and int(index) >= torch.cuda.device_count():
-        raise UsageError(f"device {device!r} does not exist; this machine has cuda:0..{torch.cuda.device_count() - 1}")
+    index, count = device.partition(":")[2], torch.cuda.device_count()
+    if index and int(index) >= count:
+        raise UsageError(f"device {device!r} does not exist here: {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
     return device
 
 

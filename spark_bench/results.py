@@ -101,8 +101,8 @@ def shell_path(path: str | Path) -> str:
 
 
 def write_problem(path: str | Path) -> str | None:
-    """Why a file cannot be written (atomically, as the cache and a tuned table are) at `path`, or None. It creates
-    and removes a file in the nearest existing folder: permission bits do not say it (root, /proc, read-only mounts)."""
+    """Why a file cannot be written (atomically, as the cache and a tuned table are) at `path`, or None (a probe file
+    in the nearest existing folder says it: _uncreatable)."""
     if isinstance(path, str) and not path.strip():  # (Path("") is ".", a directory: said below)
         return "an empty path, not a file name"
     path = Path(path)
@@ -110,34 +110,34 @@ def write_problem(path: str | Path) -> str | None:
         return "is a directory"
     if path.exists() and not path.is_file():  # /dev/null, a FIFO: the atomic write would replace it with a file
         return "is not a regular file"
-    folder = path.parent
+    found = _uncreatable(path.parent, f".{path.name}.{os.getpid()}.probe")
+    if found is None:
+        return None
+    folder, exc = found
+    return f"{folder} is a file, not a folder" if not folder.is_dir() else f"cannot write there ({exc.strerror or exc})"
+
+
+def _uncreatable(folder: Path, probe_name: str) -> tuple[Path, OSError] | None:
+    """(the nearest existing folder of `folder`, why a file cannot be made there: ENOTDIR when it is a file), or None
+    when one can. Creates and removes the file `probe_name` there: permission bits do not say it (root, /proc,
+    read-only mounts)."""
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
-        return f"{folder} is a file, not a folder"
-    probe = folder / f".{path.name}.{os.getpid()}.probe"
+        return folder, NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+    probe = folder / probe_name
     try:
         probe.touch(exist_ok=False)
         probe.unlink()
     except OSError as exc:
-        return f"cannot write there ({exc.strerror or exc})"
+        return folder, exc
     return None
 
 
 def _cannot_create(folder: Path) -> str | None:
-    """Why files cannot be made in `folder` (created first where it is missing), as `lock` would say; else None.
-    Creates and removes a probe file in the nearest existing folder."""
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        return os.strerror(errno.ENOTDIR)
-    probe = folder / f".spark-bench.{os.getpid()}.probe"
-    try:
-        probe.touch(exist_ok=False)
-        probe.unlink()
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
+    """Why files cannot be made in `folder` (created first where it is missing), as `lock` would say; else None."""
+    found = _uncreatable(folder, f".spark-bench.{os.getpid()}.probe")
+    return None if found is None else found[1].strerror or str(found[1])
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:

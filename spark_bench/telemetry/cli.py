@@ -12,25 +12,20 @@ from typing import Any
 
 import click
 
-from spark_bench.devices import CUDA_DEVICE
 from spark_bench.options import OutputPath, fail_usage
 from spark_bench.weights.cli import make_spec, weight_options
 from spark_bench.weights.errors import WeightError
 
 
 def _device(device: str | None) -> str:
-    import torch
+    """--device checked as `run` checks it (devices.chosen_device), failing in one line when called on its own."""
+    from spark_bench.devices import chosen_device
+    from spark_bench.sweep import UsageError
 
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device != "cpu" and not CUDA_DEVICE.fullmatch(device):
-        fail_usage(f"unknown device {device!r}; choose from cpu, cuda, cuda:N")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        fail_usage(f"device {device!r} is not available here (torch.cuda.is_available() is False); use --device cpu")
-    count = torch.cuda.device_count() if device.startswith("cuda:") else 0
-    if device.startswith("cuda:") and int(device[5:]) >= count:
-        fail_usage(f"device {device!r} does not exist here: {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
-    return device
+    try:
+        return chosen_device(device)
+    except UsageError as exc:
+        fail_usage(str(exc))
 
 
 def _num(value: float | None, unit: str) -> str:
