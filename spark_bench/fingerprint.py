@@ -87,7 +87,8 @@ IDENTITY_FIELDS = (("device", "type"), ("device", "name"), ("device", "memory_by
 
 
 def power_info(device: str) -> dict[str, Any] | None:
-    """A GPU's enforced and default power limits (W, NVML), or None (a CPU, or no NVML)."""
+    """A GPU's enforced and default power limits (W, NVML) and, where NVML says, whether MIG is enabled on it (its
+    power and energy then cover every instance); None on a CPU or without NVML."""
     if not device.startswith("cuda"):
         return None
     from spark_bench.telemetry.nvml import open_source
@@ -97,7 +98,10 @@ def power_info(device: str) -> dict[str, Any] | None:
     if limit is None:
         return None
     default = source.default_power_limit_w()
-    return {"limit_w": round(limit), "default_limit_w": round(default) if default is not None else None}
+    out = {"limit_w": round(limit), "default_limit_w": round(default) if default is not None else None}
+    if source.mig is not None:  # not hashed: a MIG slice already has its own name, memory and SM count
+        out["mig"] = bool(source.mig)
+    return out
 
 
 def stack_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

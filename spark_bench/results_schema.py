@@ -53,7 +53,7 @@ RUN_NESTED: dict[str, tuple[type, ...]] = {
     "fingerprint.device": (dict,), "fingerprint.device.name": _STR, "fingerprint.device.type": _STR,
     **{f"fingerprint.device.{k}": _NUM for k in ("memory_bytes", "l2_bytes", "sm_count")},
     **{f"fingerprint.{k}": _OBJ for k in ("cpu", "versions", "git", "weights", "power")},
-    "fingerprint.fingerprint_id": _STR, "fingerprint.power.limit_w": _NUM,
+    "fingerprint.fingerprint_id": _STR, "fingerprint.power.limit_w": _NUM, "fingerprint.power.mig": (bool, _NONE),
     "fingerprint.weights.size_bytes": _NUM, "fingerprint.weights.routing": _OBJ,
     "roofline.measured": _OBJ, "roofline.datasheet": _OBJ, "stopped_by_budget.cases_left": _NUM,
 }

@@ -18,7 +18,7 @@ H200 = {"type": "cuda", "index": 0, "name": "NVIDIA H200", "capability": "9.0", 
 @pytest.fixture
 def gpu(monkeypatch):
     """fingerprint("cuda:0") on a simulated H200 whose NVML reads the power limit set in `limits` (None: no NVML)."""
-    limits: dict[str, float | None] = {"limit": 700.0}
+    limits: dict[str, float | bool | None] = {"limit": 700.0, "mig": False}
     real = fingerprint_module.device_info
     monkeypatch.setattr(fingerprint_module, "device_info",
                         lambda device: dict(H200) if device.startswith("cuda") else real(device))
@@ -26,7 +26,7 @@ def gpu(monkeypatch):
     def open_source(device):
         if limits["limit"] is None:
             return None, "NVML unavailable: simulated"
-        return FakeSource(power_limit_w=limits["limit"], default_power_limit_w=700.0), None
+        return FakeSource(power_limit_w=limits["limit"], default_power_limit_w=700.0, mig=limits["mig"]), None
 
     monkeypatch.setattr(nvml, "open_source", open_source)
     return limits
@@ -36,11 +36,32 @@ def test_a_capped_gpu_is_another_fingerprint(gpu):
     full = fingerprint("cuda:0")
     gpu["limit"] = 500.0
     capped = fingerprint("cuda:0")
-    assert capped["power"] == {"limit_w": 500, "default_limit_w": 700} and full["power"]["limit_w"] == 700
+    assert capped["power"] == {"limit_w": 500, "default_limit_w": 700, "mig": False}
+    assert full["power"]["limit_w"] == 700
     assert capped["fingerprint_id"] != full["fingerprint_id"]
     assert stack_difference(full, capped) == "power.limit_w 700 -> 500"
     gpu["limit"] = 700.0
     assert fingerprint("cuda:0")["fingerprint_id"] == full["fingerprint_id"]  # stable for one setting
+
+
+def test_mig_mode_is_recorded_and_shown_but_not_hashed(gpu):
+    """MIG on: NVML's power and energy are the whole GPU's; the run says so where its power limit is shown. A MIG
+    slice is already another id by its name, memory and SM count, so the flag itself is not hashed."""
+    from spark_bench.report.html import _power_limit_text
+
+    off = fingerprint("cuda:0")
+    gpu["mig"] = True
+    on = fingerprint("cuda:0")
+    assert on["power"]["mig"] is True and off["power"]["mig"] is False
+    assert on["fingerprint_id"] == off["fingerprint_id"]
+    assert _power_limit_text(on["power"]) == "700 W (default 700 W); MIG enabled: the whole GPU's"
+    assert _power_limit_text(off["power"]) == "700 W (default 700 W)"
+    gpu["mig"] = None  # NVML could not say (no MIG query on this GPU or driver): not recorded
+    assert "mig" not in fingerprint("cuda:0")["power"]
+    from spark_bench.results_schema import RUN_NESTED, schema_problem
+
+    assert schema_problem({"fingerprint": on}, RUN_NESTED) is None  # a stored run.json of another type is refused
+    assert "fingerprint.power.mig" in schema_problem({"fingerprint": {**on, "power": {"mig": "yes"}}}, RUN_NESTED)
 
 
 def test_without_nvml_the_fingerprint_is_what_it_was(gpu):

@@ -150,12 +150,12 @@ def environment(runs: Sequence[RunData]) -> str:
 
 
 def _power_limit_text(power: Any) -> str:
-    """The GPU's enforced power limit when the run began (NVML), against its default: a capped card is slower."""
+    """The GPU's power limit at the run's start (NVML) against its default (capped: slower), and whether MIG was on."""
     if not isinstance(power, dict) or power.get("limit_w") is None:
         return "not read (no NVML, or a CPU)"
-    default = power.get("default_limit_w")
+    default, mig = power.get("default_limit_w"), "; MIG enabled: the whole GPU's" if power.get("mig") else ""
     capped = default is not None and power["limit_w"] < default
-    return f"{power['limit_w']} W" + (f" (default {default} W{': capped' if capped else ''})" if default else "")
+    return f"{power['limit_w']} W" + (f" (default {default} W{': capped' if capped else ''})" if default else "") + mig
 
 
 def calibration(run: RunData) -> str:
