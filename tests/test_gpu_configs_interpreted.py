@@ -44,7 +44,7 @@ def _smaller(case):
 
 
 CASES = [(_smaller(case), sms) for case in _cases() for sms in (132, 2) if sms == 132 or case.op in BY_SM_COUNT]
-# head_dim 64 (outside the presets) takes configs of its own (docs/kernels.md, "Shapes outside the presets"): the
+# head_dim 64 (outside the presets) takes configs of its own (docs/kernels-moe.md, "Shapes outside the presets"): the
 # chunk core's 16-bit BKD 8 without the persistent loop, fp32 state BV 16 at 8 warps
 _CHUNK = next(c for c in _cases() if c.op == "kda.chunk_prefill" and c.backend == "triton")
 CASES += [(dataclasses.replace(_CHUNK, dtype=dtype, params={**_CHUNK.params, "head_dim_k": 64, "head_dim_v": 64}), 132)
