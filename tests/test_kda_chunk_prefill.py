@@ -104,6 +104,27 @@ def test_extreme_gates(A_log, dt_bias):
         assert_close(run(name, inputs), ref, 1e-4, f"{name} extreme gates")
 
 
+def _near_zero_decay(seed):
+    """bf16, every channel's decay ~0 (A_log -12) and beta ~1 (logit 8): (I + L) is ill-conditioned there."""
+    inputs = make(64, H=1, K=16, V=32, dtype="bf16", seed=seed)
+    inputs["A_log"] = torch.full_like(inputs["A_log"], -12.0)
+    inputs["beta"] = torch.full_like(inputs["beta"], 8.0)
+    return run("triton", inputs), op.reference(**inputs)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_near_zero_decay_stays_near_the_bf16_bound(seed):
+    """The recorded shortfall (docs/known-issues.md, 'precision at an extreme'): 5.5e-3 (o) and 8.2e-3-8.7e-3
+    (state) against the 5e-3 bound; it must not grow past 1.2e-2 (the torch backend: 1.7e-3 / 4e-7)."""
+    assert_close(*_near_zero_decay(seed), 1.2e-2, "triton near-zero decay")
+
+
+@pytest.mark.xfail(strict=True, reason="known issue: bf16 W and U carry an ill-conditioned (I + L)'s rounding "
+                   "(docs/known-issues.md); passing means the bound is met and the docs are stale")
+def test_near_zero_decay_meets_the_bf16_bound():
+    assert_close(*_near_zero_decay(0), 5e-3, "triton near-zero decay")
+
+
 def test_transposed_state_layout_is_caught():
     """With K != V a [V, K] state has K*V elements too; reading it as [K, V] must fail the check."""
     inputs = make(65, K=32, V=16, seed=11, fused=False)
