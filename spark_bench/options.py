@@ -12,7 +12,6 @@ from typing import Any
 
 import click
 
-from spark_bench.executors.worker_process import WorkersCannotStart
 from spark_bench.kernelgate.capture import CaptureFailed
 from spark_bench.results import ResultsError
 from spark_bench.sweep import SweepSpec, UsageError, dtype_list, merge_sets
@@ -65,8 +64,13 @@ class SparkGroup(click.Group):
             fail_usage(f"{exc.format_message()}{hint}")
         except (UsageError, ResultsError, CaptureFailed) as exc:
             fail_usage(str(exc))
-        except WorkersCannotStart as exc:  # the environment, not the input: one line, exit 1
-            fail_usage(str(exc), 1)
+        except Exception as exc:
+            # the environment, not the input: one line, exit 1. Looked up, not imported: the executors import torch,
+            # which `python -m spark_bench.history` never loads (a WorkersCannotStart means its module is loaded)
+            workers = sys.modules.get("spark_bench.executors.worker_process")
+            if workers is not None and isinstance(exc, workers.WorkersCannotStart):
+                fail_usage(str(exc), 1)
+            raise
         except click.exceptions.Abort:
             click.echo("aborted", err=True)
             sys.exit(130)

@@ -47,3 +47,18 @@ def test_run_with_a_foreign_history_fails_before_the_sweep(tmp_path, fault_env):
     proc = cli(fault_env, "run", *SWEEP, "--out", tmp_path / "run", "--history", bad)
     assert proc.returncode == 2 and "not a spark-bench history database" in proc.stderr
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
+
+
+def test_python_m_history_answers_without_torch(tmp_path):
+    """docs/history.md: `python -m spark_bench.history` skips the rest of the CLI, so a query never imports torch
+    (seconds here); its one-line errors still work."""
+    import sys
+
+    probe = ("import runpy, sys\n"
+             "sys.argv = ['spark_bench.history', 'list', '--db', sys.argv[1]]\n"
+             "try:\n    runpy.run_module('spark_bench.history', run_name='__main__')\n"
+             "except SystemExit as exc:\n    print('exit', exc.code, 'torch' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "none.db")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout.strip() == "exit 2 False", proc.stdout + proc.stderr
+    assert proc.stderr.startswith("spark-bench: error: no history database at") and "Traceback" not in proc.stderr
