@@ -1,5 +1,6 @@
 """Specialisations outside the GPU sweep and presets (a user's --set) that spilled on sm_90a, compiled offline as the
-README's gate compiles the sweep's (docs/kernels-moe.md, "Shapes outside the presets"). Exit 1 of `kernels` is a spill."""
+README's gate compiles the sweep's (docs/kernels-moe.md, "Shapes outside the presets"). Exit 1 of `kernels` is a
+spill."""
 
 import pytest
 from conftest import run_cli

@@ -34,7 +34,8 @@ from spark_bench.kernels.quant.kquants import block_ptr
 # up programs at T = 1 (Kimi-Linear); the down projection is one program per (pair, slice of I, BR rows of D), S
 # slices chosen so the grid reaches MIN_CTAS. With few pairs (the shared expert) gate/up split D too.
 # UNROLL: super-blocks per loop trip; 2 lets ptxas issue the next one's loads before this one's FMAs at the cost of
-# registers (Kimi-Linear T = 1, sm_90a: up 80 -> 96, down 112 -> 168 under 3.9): a tuning candidate, docs/kernels-moe.md.
+# registers (Kimi-Linear T = 1, sm_90a: up 80 -> 96, down 112 -> 168 under 3.9): a tuning candidate,
+# docs/kernels-moe.md.
 DECODE_UP_CONFIGS = declare(ConfigSpace(
     "moe.experts_gguf._decode_up", key=("P", "D", "I"),
     default={"BR": 8, "MIN_CTAS": 1024, "UNROLL": 1, "num_warps": 4},
