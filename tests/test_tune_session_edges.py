@@ -180,3 +180,28 @@ def test_a_planning_capture_that_fails_is_one_line(tmp_path, monkeypatch):
     assert code == 2 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == ("spark-bench: error: launch capture failed (exit 1): ImportError: no "
                                             "triton"), err
+
+
+@pytest.mark.parametrize("exists", [False, True])
+@pytest.mark.parametrize("signal_name, code_wanted", [("interrupted", 130), ("terminated", 143)])
+def test_an_interrupt_while_planning_says_there_is_nothing_to_resume(tmp_path, monkeypatch, exists, signal_name,
+                                                                     code_wanted):
+    """Ctrl-C (or SIGTERM) during the offline compiles printed only 'aborted' and left an empty directory that
+    `tune --resume` then refused (no run.json). One line now, and the directory this tune made is removed."""
+    from spark_bench.session import Terminated
+
+    run_dir = tmp_path / "tune"
+    if exists:  # the user's own --run-dir is kept
+        run_dir.mkdir()
+
+    def build(*args, **kwargs):
+        raise Terminated() if signal_name == "terminated" else KeyboardInterrupt()
+
+    monkeypatch.setattr("spark_bench.tune.plan.build", build)
+    code, _, err = run_cli("tune", "--op", "kda.gate", "--device", "cpu", "--executor", "inprocess", "--quick",
+                           "--out", tmp_path / "t.json", "--run-dir", run_dir)
+    assert code == code_wanted and "Traceback" not in err and "aborted" not in err, err
+    assert err.strip().splitlines()[-1] == (
+        f"{signal_name} while planning: nothing was timed, so there is nothing to resume"
+        + ("" if exists else f" ({run_dir} removed)") + "; run the command again"), err
+    assert run_dir.exists() == exists and not (tmp_path / "t.json").exists()

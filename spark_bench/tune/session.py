@@ -14,6 +14,7 @@ cut to the cases the remaining time is expected to cover, from the mean duration
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from fnmatch import fnmatch
@@ -103,12 +104,14 @@ class TuneSession:
             raise UsageError("nothing to tune: the selection has no runnable Triton backend case")
         run_id = "tune-" + results.new_run_id(spec.device) if run_dir is None else Path(run_dir).name
         store = results.RunStore(run_dir if run_dir is not None else results_root / run_id, option="--run-dir")
+        created = not store.path.exists()
         _claim(store)  # an unusable --run-dir is one line before the planning's compiles, not after them
         target, note = planning.prune_target(spec.device, target, fp["device"])
         say(f"tune: {note}")
         # a compile stuck in Triton's passes must not eat the budget: what has not compiled by then is timed unjudged
         deadline = max(30.0, budget_s / 3) if budget_s else PRUNE_DEADLINE_S
-        the_plan = planning.build(base, target, jobs=jobs, say=say, deadline_s=deadline)
+        with _planning_interrupt(store, created, say):
+            the_plan = planning.build(base, target, jobs=jobs, say=say, deadline_s=deadline)
         for line in planning.summary_lines(the_plan):
             say(line)
         planning_s = round(time.monotonic() - t0, 3)
@@ -272,6 +275,29 @@ def pinned(cases: list[Case], records: list[dict[str, Any]]) -> list[Case]:
     kept = {r["case_id"]: kept_timer(r.get("timing")) for r in records}
     return [dataclasses.replace(c, timer=kept.get(dataclasses.replace(c, configs=None, repeat=0).case_id) or c.timer)
             for c in cases]
+
+
+@contextlib.contextmanager
+def _planning_interrupt(store: results.RunStore, created: bool, say):
+    """Ctrl-C or SIGTERM while planning (offline compiles, minutes at presets): nothing was timed and run.json is not
+    written yet, so there is nothing to resume. One line says so, the directory this tune created is removed (it holds
+    only its lock), and the process exits 130 / 143."""
+    from spark_bench.session import Terminated, terminate_as_interrupt
+
+    try:
+        with terminate_as_interrupt():
+            yield
+    except KeyboardInterrupt as exc:
+        store.unlock()
+        removed = False
+        if created:
+            with contextlib.suppress(OSError):
+                (store.path / results.LOCK_FILE).unlink(missing_ok=True)
+                store.path.rmdir()
+                removed = True
+        say(f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'} while planning: nothing was timed, "
+            f"so there is nothing to resume{f' ({store.path} removed)' if removed else ''}; run the command again")
+        raise SystemExit(143 if isinstance(exc, Terminated) else 130) from None
 
 
 def _claim(store: results.RunStore) -> None:
