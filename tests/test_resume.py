@@ -62,7 +62,7 @@ def test_resume_repairs_a_torn_last_line(tmp_path, fault_env):
 
 def test_sigterm_stops_the_sweep_says_what_is_kept_and_resume_finishes_it(tmp_path, fault_env):
     out = tmp_path / "run"
-    env = {**fault_env, "FAULT_SLOW_S": "0.5"}
+    env = {**fault_env, "FAULT_SLOW_S": "0.5", "FAULT_SEMAPHORE": "1"}  # the killed worker leaves a semaphore
     proc = subprocess.Popen(spark_bench_cmd("run", *SWEEP, "--out", out, "--no-report"), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     journal = out / "results.jsonl"
@@ -75,6 +75,7 @@ def test_sigterm_stops_the_sweep_says_what_is_kept_and_resume_finishes_it(tmp_pa
     assert proc.returncode == 143, err
     assert f"terminated: {len(kept)} of 24 cases are kept in {out}" in err
     assert f"go on with `spark-bench run --resume {out}`" in err
+    assert err.strip().splitlines()[-1].startswith("terminated: "), err  # no resource-tracker warning after it
     assert 2 <= len(kept) < 24 and all(json.loads(line)["status"] == "ok" for line in journal.read_text().splitlines())
     # the case its worker was killed in is neither recorded as a crash nor re-run in a fresh worker to confirm one
     assert len(list((out / "logs").glob("worker-*.log"))) == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -85,6 +86,19 @@ def log_size(path: Path) -> int:
         return 0
 
 
+# The resource tracker (a process the workers share) warns at exit of each semaphore or shared-memory segment a
+# process registered and never released, then releases it. A worker killed mid-case (Ctrl-C, SIGTERM, a timeout)
+# leaves those of its libraries (torch.compile's pools): the warning after a run's one-line summary said nothing the
+# user can act on. The tracker takes the -W options of the process that starts it.
+QUIET_TRACKER = "ignore:resource_tracker:UserWarning"
+
+
+def quiet_resource_tracker() -> None:
+    """Start (or let start) the resource tracker without its leak warnings; workers spawned after inherit the flag."""
+    if QUIET_TRACKER not in sys.warnoptions:
+        sys.warnoptions.append(QUIET_TRACKER)
+
+
 class Worker:
     """One spawned worker process and its pipe."""
 
@@ -99,6 +113,7 @@ class Worker:
         with _SPAWN_LOCK:
             # spawned with SIGINT blocked, then ignored (worker.main): Ctrl-C is the parent's, which stops the workers;
             # no worker traceback while it imports torch. The resource tracker first: starting it unblocks SIGINT
+            quiet_resource_tracker()
             resource_tracker.ensure_running()
             saved = {k: os.environ.get(k) for k in env or {}}
             os.environ.update(env or {})

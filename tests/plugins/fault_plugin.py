@@ -54,11 +54,19 @@ def _meet_another_process(meet_dir: str, deadline_s: float = 40.0) -> None:
     _met = True
 
 
+_HELD: list = []  # what a library would hold for the life of the process
+
+
 @op.backend("slow")
 def slow(x):
-    """Sleeps $FAULT_SLOW_S per call; with $FAULT_MEET_DIR set, its first call per process waits for a partner."""
+    """Sleeps $FAULT_SLOW_S per call; with $FAULT_MEET_DIR set, its first call per process waits for a partner; with
+    $FAULT_SEMAPHORE set, it holds a semaphore registered with the resource tracker, as torch.compile's pools do."""
     if os.environ.get("FAULT_MEET_DIR"):
         _meet_another_process(os.environ["FAULT_MEET_DIR"])
+    if os.environ.get("FAULT_SEMAPHORE") and not _HELD:
+        import multiprocessing
+
+        _HELD.append(multiprocessing.get_context("spawn").Semaphore())
     time.sleep(float(os.environ.get("FAULT_SLOW_S", "0.01")))
     return 2 * x
 
