@@ -55,5 +55,18 @@ def unpack(archive: str, dest: str) -> None:
     print(f"{count} kernels unpacked into {root}")
 
 
+def main(argv: list[str]) -> None:
+    """One line and exit 2 for a wrong command line or a missing source (before any archive or folder is made)."""
+    problem = None
+    if len(argv) != 3 or argv[0] not in ("pack", "unpack"):
+        problem = "usage: triton_cache.py pack DIR ARCHIVE | unpack ARCHIVE DIR"
+    elif not (Path(argv[1]).is_dir() if argv[0] == "pack" else Path(argv[1]).is_file()):
+        problem = f"triton_cache.py {argv[0]}: {argv[1]}: no such {'folder' if argv[0] == 'pack' else 'file'}"
+    if problem:
+        print(problem, file=sys.stderr)
+        sys.exit(2)
+    {"pack": pack, "unpack": unpack}[argv[0]](argv[1], argv[2])
+
+
 if __name__ == "__main__":
-    {"pack": pack, "unpack": unpack}[sys.argv[1]](*sys.argv[2:])
+    main(sys.argv[1:])
