@@ -49,6 +49,11 @@ CASES = [(_smaller(case), sms) for case in _cases() for sms in (132, 2) if sms =
 _CHUNK = next(c for c in _cases() if c.op == "kda.chunk_prefill" and c.backend == "triton")
 CASES += [(dataclasses.replace(_CHUNK, dtype=dtype, params={**_CHUNK.params, "head_dim_k": 64, "head_dim_v": 64}), 132)
           for dtype in ("bf16", "fp32")]
+# past 256 experts (moe.layer's routed experts plus its shared one) and 2048 slots the align scatter walks its tiles
+# two at a time (kernels/moe/align.py, OFFSETS_CONFIGS' bucket): 144 chunks of 32 slots, as at T = 512
+_ALIGN = next(c for c in _cases() if c.op == "moe.align" and c.backend == "triton")
+CASES += [(dataclasses.replace(_ALIGN, params={**_ALIGN.params, "tokens": 512, "experts": 257, "topk": 9,
+                                               "block_m": 64}), 132)]
 
 
 @pytest.mark.parametrize("case,sms", CASES, ids=lambda v: f"{v.op}-{v.backend}-{v.dtype}-"
@@ -98,3 +103,13 @@ def test_the_launches_are_a_gpus_not_the_interpreters():
     gpu, interpreted = dict(grids["gpu"]), dict(grids["interpreter"])
     assert set(gpu) == set(interpreted) == {"_decode_swiglu", "_decode_down"}
     assert all(gpu[k] > 4 * interpreted[k] for k in gpu), (gpu, interpreted)
+
+
+def test_past_256_experts_the_align_scatter_steps_two_tiles_at_a_time():
+    """The case above runs the bucket it was added for (a 4 B spill of TB = 4 at BM = 64 under triton 3.9)."""
+    from spark_bench.tune.space import recording
+
+    with recording() as picks:
+        test_gpu_configs_match_the_reference(CASES[-1][0], 132)
+    offsets = [p for p in picks if p["kernel"] == "moe.align._align_offsets"]
+    assert offsets and all(p["config"]["BUDGET"] == 1024 for p in offsets), offsets

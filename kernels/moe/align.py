@@ -30,7 +30,12 @@ CHUNK_CONFIGS = declare(ConfigSpace(
     doc="slots per chunk of the count and scatter kernels (one program each)"))
 OFFSETS_CONFIGS = declare(ConfigSpace(
     "moe.align._align_offsets", key=("N", "E"), default={"BUDGET": 8192, "PREFIX": 2048, "BEP": 16, "num_warps": 4},
-    # PREFIX = 8192 ([512, 16] tiles at 4 warps) spilled 184 B on sm_90a
+    # PREFIX = 8192 ([512, 16] tiles at 4 warps) spilled 184 B on sm_90a. Past 256 experts (the routed ones plus the
+    # shared one: BE = 512) TB = 4 at BM = 64 (moe.layer at T = 512, the block_m candidate) spilled 4 B under triton
+    # 3.9: BUDGET 1024 keeps TB = 2 there. Only past 2048 slots, where each program has few tiles (TB was already 2
+    # from T = 1024 on); at decode sizes one program walks all ~250 tiles and keeps its [16, BE] steps
+    buckets=[({"E": (257, 1 << 30), "N": (2049, 1 << 40)},
+              {"BUDGET": 1024, "PREFIX": 2048, "BEP": 16, "num_warps": 4})],
     candidates=[{"BUDGET": 4096, "PREFIX": 1024, "BEP": 16, "num_warps": 4},
                 {"BUDGET": 16384, "PREFIX": 4096, "BEP": 32, "num_warps": 8}],
     doc="elements per [chunks, BEP] step of the prefix (BEP experts per program), per [tiles, BE] scatter step"))

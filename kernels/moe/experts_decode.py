@@ -34,7 +34,8 @@ SWIGLU_CONFIGS = declare(ConfigSpace(
 DOWN_CONFIGS = declare(ConfigSpace(
     "moe.experts_decode._decode_down", key=("P", "D", "I"),
     default={"BN": 16, "BK": 256, "TILE": 4096, "MIN_CTAS": 1024, "num_warps": 4},
-    buckets=[({"P": 2}, {"BN": 16, "BK": 128, "TILE": 4096, "MIN_CTAS": 1024, "num_warps": 4})],
+    buckets=[({"P": 2}, {"BN": 16, "BK": 128, "TILE": 4096, "MIN_CTAS": 1024, "num_warps": 4}),
+             ({"D": 256}, {"BN": 16, "BK": 512, "TILE": 8192, "MIN_CTAS": 2048, "num_warps": 8})],
     candidates=[{"BN": 16, "BK": 512, "TILE": 8192, "MIN_CTAS": 2048, "num_warps": 8},
                 {"BN": 32, "BK": 256, "TILE": 8192, "MIN_CTAS": 1024, "num_warps": 8}],
     doc="BN rows of w2 per program, BK columns of I per step (BK * BP <= TILE), I split until MIN_CTAS programs"))
