@@ -64,18 +64,18 @@ class SparkGroup(click.Group):
             fail_usage(f"{exc.format_message()}{hint}")
         except (UsageError, ResultsError, CaptureFailed) as exc:
             fail_usage(str(exc))
-        except Exception as exc:
+        except click.exceptions.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(130)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except Exception as exc:  # last: click's Abort and Exit are Exceptions too
             # the environment, not the input: one line, exit 1. Looked up, not imported: the executors import torch,
             # which `python -m spark_bench.history` never loads (a WorkersCannotStart means its module is loaded)
             workers = sys.modules.get("spark_bench.executors.worker_process")
             if workers is not None and isinstance(exc, workers.WorkersCannotStart):
                 fail_usage(str(exc), 1)
             raise
-        except click.exceptions.Abort:
-            click.echo("aborted", err=True)
-            sys.exit(130)
-        except click.exceptions.Exit as exc:
-            sys.exit(exc.exit_code)
 
 # `run` options that define the sweep or how it is measured: fixed in run.json, so `--resume` refuses them
 RESUME_FIXED = ("ops", "backends", "preset", "sets", "dtypes", "device", "quick", "full", "out", "seed", "timeout",

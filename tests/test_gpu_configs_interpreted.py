@@ -52,8 +52,9 @@ CASES += [(dataclasses.replace(_CHUNK, dtype=dtype, params={**_CHUNK.params, "he
 # past 256 experts (moe.layer's routed experts plus its shared one) and 2048 slots the align scatter walks its tiles
 # two at a time (kernels/moe/align.py, OFFSETS_CONFIGS' bucket): 144 chunks of 32 slots, as at T = 512
 _ALIGN = next(c for c in _cases() if c.op == "moe.align" and c.backend == "triton")
-CASES += [(dataclasses.replace(_ALIGN, params={**_ALIGN.params, "tokens": 512, "experts": 257, "topk": 9,
-                                               "block_m": 64}), 132)]
+ALIGN_PAST_256 = dataclasses.replace(_ALIGN, params={**_ALIGN.params, "tokens": 512, "experts": 257, "topk": 9,
+                                                     "block_m": 64})
+CASES += [(ALIGN_PAST_256, 132)]
 
 
 @pytest.mark.parametrize("case,sms", CASES, ids=lambda v: f"{v.op}-{v.backend}-{v.dtype}-"
@@ -110,6 +111,6 @@ def test_past_256_experts_the_align_scatter_steps_two_tiles_at_a_time():
     from spark_bench.tune.space import recording
 
     with recording() as picks:
-        test_gpu_configs_match_the_reference(CASES[-1][0], 132)
+        test_gpu_configs_match_the_reference(ALIGN_PAST_256, 132)
     offsets = [p for p in picks if p["kernel"] == "moe.align._align_offsets"]
     assert offsets and all(p["config"]["BUDGET"] == 1024 for p in offsets), offsets

@@ -20,6 +20,27 @@ from spark_bench.sweep import UsageError
 
 
 # --- options.py -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("raised, code, line", [
+    (click.Abort(), 130, "aborted"),  # click's Ctrl-C
+    (UsageError("bad --set"), 2, "spark-bench: error: bad --set"),
+])
+def test_the_group_turns_clicks_and_our_exceptions_into_exit_codes(raised, code, line, capsys):
+    """click's Abort is an Exception: a broad handler placed before its own (2026-12-07, for WorkersCannotStart) made
+    Ctrl-C outside a sweep a traceback."""
+    from spark_bench.options import SparkGroup
+
+    group = SparkGroup("g")
+
+    @group.command("c")
+    def command():
+        raise raised
+
+    with pytest.raises(SystemExit) as exc:
+        group.main(["c"], prog_name="g")
+    assert exc.value.code == code
+    assert capsys.readouterr().err.strip() == line
+
+
 def test_an_integer_option_must_be_one_or_more():
     """Mutant: `value < 1` -> `value < 0` (--min-samples 0 and tune --jobs 0 passed)."""
     for bad in (0, -2):
