@@ -18,6 +18,22 @@ from collections.abc import Iterable
 from typing import Any
 
 PROBE_TIMEOUT_S = float(os.environ.get("SPARK_BENCH_PROBE_TIMEOUT", "60"))
+# The resource tracker (one process that all spawned children share, started by the first spawn) warns at exit of
+# each semaphore or shared-memory segment a process registered and never released, then releases it. A child killed
+# mid-case (Ctrl-C, SIGTERM, a timeout) leaves those of its libraries (torch.compile's pools): the warning after a
+# run's one-line summary said nothing the user can act on. The tracker takes the -W options of the process that
+# starts it, so every spawn site goes through spawn_context().
+QUIET_TRACKER = "ignore:resource_tracker:UserWarning"
+
+
+def spawn_context() -> Any:
+    """multiprocessing's spawn context, with the resource tracker (and the children) started without its leak
+    warnings."""
+    if QUIET_TRACKER not in sys.warnoptions:
+        sys.warnoptions.append(QUIET_TRACKER)
+    return mp.get_context("spawn")
+
+
 STARTUP_S = 300.0  # the isolated prober's start-up (imports) on a loaded machine, as a worker's
 Key = tuple[str, str]  # (op, backend)
 
@@ -65,7 +81,7 @@ def probe_isolated(keys: Iterable[Key], device: str, timeout_s: float = PROBE_TI
     kills the process gets that as its reason, and the others are probed in a fresh process."""
     left = list(dict.fromkeys(keys))
     answers: dict[Key, str | None] = {}
-    ctx = mp.get_context("spawn")
+    ctx = spawn_context()
     while left:
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_child, args=(child, device, left), daemon=True)

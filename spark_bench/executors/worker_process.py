@@ -3,16 +3,16 @@ messages, death noticed from the exit status, the log tail a crash keeps, and th
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
 from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from pathlib import Path
+
+from spark_bench.isolate import spawn_context
 
 STARTUP_TIMEOUT_S = 300.0  # the default; SPARK_BENCH_STARTUP_TIMEOUT overrides it (startup_timeout)
 STARTUP_NOTICE_S = 30.0  # a start-up that takes longer is announced (on stderr) this often
@@ -86,24 +86,11 @@ def log_size(path: Path) -> int:
         return 0
 
 
-# The resource tracker (a process the workers share) warns at exit of each semaphore or shared-memory segment a
-# process registered and never released, then releases it. A worker killed mid-case (Ctrl-C, SIGTERM, a timeout)
-# leaves those of its libraries (torch.compile's pools): the warning after a run's one-line summary said nothing the
-# user can act on. The tracker takes the -W options of the process that starts it.
-QUIET_TRACKER = "ignore:resource_tracker:UserWarning"
-
-
-def quiet_resource_tracker() -> None:
-    """Start (or let start) the resource tracker without its leak warnings; workers spawned after inherit the flag."""
-    if QUIET_TRACKER not in sys.warnoptions:
-        sys.warnoptions.append(QUIET_TRACKER)
-
-
 class Worker:
     """One spawned worker process and its pipe."""
 
     def __init__(self, device: str, log_dir: Path, env: dict[str, str] | None = None, label: str = "") -> None:
-        ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
+        ctx = spawn_context()  # never fork a process that may hold a CUDA context
         self.conn, child = ctx.Pipe()
         tag = "".join(c if c.isalnum() else "_" for c in label)
         self.log_path = log_dir / f"worker-{tag + '-' if tag else ''}{time.time_ns()}.log"
@@ -113,7 +100,6 @@ class Worker:
         with _SPAWN_LOCK:
             # spawned with SIGINT blocked, then ignored (worker.main): Ctrl-C is the parent's, which stops the workers;
             # no worker traceback while it imports torch. The resource tracker first: starting it unblocks SIGINT
-            quiet_resource_tracker()
             resource_tracker.ensure_running()
             saved = {k: os.environ.get(k) for k in env or {}}
             os.environ.update(env or {})

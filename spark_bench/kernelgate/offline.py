@@ -19,7 +19,6 @@ import dataclasses
 import importlib
 import io
 import json
-import multiprocessing
 import os
 import re
 import sys
@@ -28,6 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from spark_bench.isolate import spawn_context
 from spark_bench.kernelgate.capture import Spec
 from spark_bench.kernelgate.targets import TARGETS
 
@@ -269,7 +269,7 @@ def compile_all(specs: Iterable[Spec], targets: Iterable[str], *, jobs: int | No
         jobs = jobs or max(1, os.cpu_count() or 1)
         # slowest first: long compiles (many dots, big tiles) should not start last
         todo.sort(key=lambda st: -len(json.dumps(st[0].constexprs)))
-        ctx = multiprocessing.get_context("spawn")
+        ctx = spawn_context()
         with futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init,
                                          initargs=(env, list(sys.path))) as pool:
             running = {pool.submit(compile_one, spec.to_dict(), target): (spec, target) for spec, target in todo}
